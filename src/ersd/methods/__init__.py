@@ -1,0 +1,46 @@
+"""Verification methods, one module each, behind one interface (:mod:`ersd.methods.base`).
+
+``METHODS`` maps a method name to its (stateless) method object; :func:`get_method` looks one up
+with an error that lists the known names.
+"""
+
+from __future__ import annotations
+
+from ersd.errors import UnknownMethodError
+from ersd.methods.base import (
+    DraftTree,
+    GreedyRule,
+    Method,
+    NodeDecision,
+    NodeNoise,
+    TreeVerification,
+    verify_tree,
+)
+from ersd.methods.ersd import ERSD
+
+METHODS: dict[str, Method] = {m.name: m for m in (ERSD(),)}
+
+
+def get_method(name: str | Method) -> Method:
+    """The method registered under ``name`` (a :class:`Method` passes through)."""
+    if isinstance(name, Method):
+        return name
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        raise UnknownMethodError(
+            f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}"
+        ) from None
+
+
+__all__ = [
+    "METHODS",
+    "DraftTree",
+    "GreedyRule",
+    "Method",
+    "NodeDecision",
+    "NodeNoise",
+    "TreeVerification",
+    "get_method",
+    "verify_tree",
+]

@@ -1,0 +1,199 @@
+"""The verification-method interface and the generic tree walk.
+
+Every method is a pair of pure rules applied at one tree node (one context ``c``):
+
+* ``draft(draft_probs, num_children, noise)`` — the drafting rule: which ``num_children`` tokens to
+  propose as children of ``c`` (ERSD: the top ranks of the shared race; SpecInfer: i.i.d. draws;
+  ...).  It may return fewer tokens (e.g. when ``draft_probs`` has fewer non-zero entries).
+* ``verify_node(target_probs, draft_probs, children, noise)`` — the verification rule: either
+  accept child ``j`` (the emitted token is ``children[j]`` and the walk continues into it) or emit a
+  correction token and stop.
+
+plus ``bonus(target_probs, noise)``: the token emitted at a fully accepted leaf.  The rules see
+only probability vectors (float64, ``target_probs`` = p, ``draft_probs`` = q), token ids and the
+keyed noise of their context (:class:`NodeNoise`): they never call a model or a global RNG.
+:func:`verify_tree` walks a drafted tree with these rules.
+
+Temperature 0 is handled outside the methods by :class:`GreedyRule` (children = the draft's top
+logits, accept a child iff it is the target's argmax): every method then equals greedy decoding.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ersd.errors import UnsupportedTreeError
+from ersd.race import STREAM_RACE, RaceNoise, race_winner
+from ersd.tree import TreeShape
+
+
+@dataclass(frozen=True)
+class NodeNoise:
+    """The keyed randomness of one context: a view of :class:`RaceNoise` at ``key``."""
+
+    source: RaceNoise
+    key: int
+
+    def log_exponentials(self, stream: int = STREAM_RACE) -> torch.Tensor:
+        return self.source.log_exponentials(self.key, stream)
+
+    def uniforms(self, stream: int, n: int) -> list[float]:
+        return [float(u) for u in self.source.uniforms(self.key, stream, n)]
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """Outcome at one node: ``child`` is the accepted child's index (or None); ``token`` is emitted."""
+
+    child: int | None
+    token: int
+
+
+@dataclass
+class DraftTree:
+    """A drafted tree below the current context.
+
+    ``tokens[i]``/``parents[i]`` describe node ``i`` (parent ``-1`` = root).  Contexts are numbered
+    ``0`` (root) and ``i + 1`` (after node ``i``); ``keys[ctx]`` is the race key of that context and
+    ``draft_probs[ctx]`` the drafter's distribution there (None where nothing was drafted below it).
+    ``children[ctx]`` lists the node indices drafted below context ``ctx`` in child-index order.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
+    draft_probs: list[torch.Tensor | None] = field(default_factory=list)
+    children: list[list[int]] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def depth_of(self, node: int) -> int:
+        d = 0
+        while node >= 0:
+            d += 1
+            node = self.parents[node]
+        return d
+
+
+@dataclass
+class TreeVerification:
+    """Result of verifying a tree: the accepted nodes (root-down) and the emitted tokens.
+
+    ``tokens`` = the accepted nodes' tokens followed by ``next_token`` (correction or bonus).
+    ``ranks[j]`` (ERSD only, else empty) is the 1-based rank of the target's race winner in the
+    drafter's race at the j-th verified context that had children.
+    """
+
+    accepted: list[int]
+    next_token: int
+    tokens: list[int]
+    ranks: list[int] = field(default_factory=list)
+
+
+class Method(ABC):
+    """A verification method: a drafting rule, a node verification rule and a bonus rule."""
+
+    name: str = ""
+    summary: str = ""
+    #: human-readable list of supported shapes, for error messages
+    supported_shapes: str = "any tree"
+
+    def check_shape(self, shape: TreeShape) -> None:
+        """Raise :class:`UnsupportedTreeError` when this method cannot verify ``shape``."""
+
+    def _unsupported(self, shape: TreeShape, why: str) -> UnsupportedTreeError:
+        return UnsupportedTreeError(
+            f"method {self.name!r} cannot verify tree {shape.spec}: {why}. "
+            f"It supports {self.supported_shapes}."
+        )
+
+    @abstractmethod
+    def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
+        """Tokens to draft below a context whose draft distribution is ``draft_probs``."""
+
+    @abstractmethod
+    def verify_node(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        children: Sequence[int],
+        noise: NodeNoise,
+    ) -> NodeDecision:
+        """Accept one of ``children`` or emit a correction token."""
+
+    def bonus(self, target_probs: torch.Tensor, noise: NodeNoise) -> int:
+        """Token emitted at a context with no drafted children: the target's race winner."""
+        return race_winner(target_probs, noise.log_exponentials(STREAM_RACE))
+
+    def rank(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int,
+             noise: NodeNoise) -> int | None:
+        """Rank statistic of ``token`` in this method's drafting order (ERSD); None otherwise."""
+        return None
+
+
+class GreedyRule:
+    """Temperature 0 for every method: draft the top logits, accept a child iff it is the argmax."""
+
+    @staticmethod
+    def draft(draft_logits: torch.Tensor, num_children: int) -> list[int]:
+        m = min(num_children, draft_logits.numel())
+        vals, idx = torch.topk(draft_logits.to(torch.float64), m)
+        pairs = sorted(zip((-vals).tolist(), idx.tolist(), strict=True))
+        return [int(i) for v, i in pairs if v != float("inf")]
+
+    @staticmethod
+    def verify_node(target_probs: torch.Tensor, children: Sequence[int]) -> NodeDecision:
+        y = int(torch.argmax(target_probs).item())
+        for j, c in enumerate(children):
+            if c == y:
+                return NodeDecision(j, y)
+        return NodeDecision(None, y)
+
+
+def verify_tree(
+    method: Method | None,
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    noise: RaceNoise,
+) -> TreeVerification:
+    """Walk ``tree`` from the root with ``method``'s rules (``None`` = :class:`GreedyRule`).
+
+    ``target_probs`` is ``[1 + num_nodes, V]``: row ``ctx`` is the target's distribution at context
+    ``ctx`` (0 = root, ``i + 1`` = after node ``i``).
+    """
+    accepted: list[int] = []
+    ranks: list[int] = []
+    ctx = 0
+    while True:
+        kids = tree.children[ctx]
+        p = target_probs[ctx]
+        node_noise = NodeNoise(noise, tree.keys[ctx])
+        if not kids:
+            token = (
+                int(torch.argmax(p).item()) if method is None else method.bonus(p, node_noise)
+            )
+            break
+        kid_tokens = [tree.tokens[k] for k in kids]
+        if method is None:
+            decision = GreedyRule.verify_node(p, kid_tokens)
+        else:
+            q = tree.draft_probs[ctx]
+            assert q is not None, "a context with children must have draft probabilities"
+            decision = method.verify_node(p, q, kid_tokens, node_noise)
+            r = method.rank(p, q, decision.token, node_noise)
+            if r is not None:
+                ranks.append(r)
+        if decision.child is None:
+            token = decision.token
+            break
+        node = kids[decision.child]
+        accepted.append(node)
+        ctx = node + 1
+    toks = [tree.tokens[n] for n in accepted] + [token]
+    return TreeVerification(accepted=accepted, next_token=token, tokens=toks, ranks=ranks)

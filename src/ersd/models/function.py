@@ -1,0 +1,88 @@
+"""A weight-free model: next-token logits from a plain Python function of the token sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ersd.models.base import check_commit_args, check_tree_args
+from ersd.probs import check_logits
+
+
+class FunctionModel:
+    """``FunctionModel(fn, vocab_size)``: ``fn(sequences) -> Tensor[len(sequences), vocab_size]``.
+
+    ``fn`` receives full token sequences (prompt + tokens so far) and returns one row of
+    next-token logits per sequence.  Every call of ``fn`` counts as one forward pass
+    (``forward_calls``), which lets tests check how many model calls a method makes.
+    """
+
+    def __init__(self, fn: Callable[[list[list[int]]], torch.Tensor], vocab_size: int) -> None:
+        if not callable(fn):
+            raise TypeError("FunctionModel(fn, vocab_size): fn must be callable")
+        if not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"FunctionModel: vocab_size must be a positive int, got {vocab_size!r}")
+        self.fn = fn
+        self.vocab_size = vocab_size
+        self.forward_calls = 0
+
+    def logits(self, sequences: list[list[int]]) -> torch.Tensor:
+        self.forward_calls += 1
+        out = self.fn(sequences)
+        if not isinstance(out, torch.Tensor):
+            out = torch.as_tensor(out)
+        if out.dim() != 2 or out.shape[0] != len(sequences):
+            raise ValueError(
+                f"FunctionModel fn returned shape {tuple(out.shape)} for {len(sequences)} "
+                f"sequences; expected ({len(sequences)}, {self.vocab_size})"
+            )
+        check_logits(out, self.vocab_size, who="FunctionModel fn")
+        return out
+
+    def start(self, prompt: Sequence[int]) -> FunctionSession:
+        return FunctionSession(self, prompt)
+
+
+class FunctionSession:
+    """Session of a :class:`FunctionModel`; recomputes every row from full sequences."""
+
+    def __init__(self, model: FunctionModel, prompt: Sequence[int]) -> None:
+        self.model = model
+        self._committed = list(prompt)
+        self._pending_tokens: list[int] = []
+        self._pending_parents: list[int] = []
+        self._root: torch.Tensor | None = None
+
+    @property
+    def committed(self) -> list[int]:
+        return self._committed
+
+    def _sequence(self, node: int) -> list[int]:
+        toks: list[int] = []
+        while node >= 0:
+            toks.append(self._pending_tokens[node])
+            node = self._pending_parents[node]
+        return self._committed + toks[::-1]
+
+    def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        check_tree_args(tokens, parents, len(self._pending_tokens))
+        first = len(self._pending_tokens)
+        self._pending_tokens.extend(int(t) for t in tokens)
+        self._pending_parents.extend(int(p) for p in parents)
+        seqs = [self._sequence(first + i) for i in range(len(tokens))]
+        if self._root is None:
+            rows = self.model.logits([list(self._committed), *seqs])
+            self._root = rows[0]
+            return rows
+        if not seqs:
+            return self._root.unsqueeze(0)
+        rows = self.model.logits(seqs)
+        return torch.cat([self._root.unsqueeze(0), rows], dim=0)
+
+    def commit(self, tokens: Sequence[int], path: Sequence[int]) -> None:
+        check_commit_args(tokens, path, self._pending_tokens, self._pending_parents)
+        self._committed.extend(int(t) for t in tokens)
+        self._pending_tokens = []
+        self._pending_parents = []
+        self._root = None

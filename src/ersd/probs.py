@@ -1,0 +1,96 @@
+"""The one path from logits to probabilities, shared by drafter and target.
+
+Temperature, then top-k, then top-p (nucleus), then min-p, in float64 — the order of Hugging Face's
+logits warpers.  Temperature 0 means greedy: a one-hot distribution on the first argmax.  Using this
+single function on both sides is what keeps the draft distribution the verifier divides by equal to
+the one the draft was sampled from (a classic silent-losslessness bug).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ersd.errors import InvalidLogitsError, SamplingParamsError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings applied identically to draft and target."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, int | float) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise SamplingParamsError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}; "
+                "use e.g. temperature=0.7"
+            )
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise SamplingParamsError(
+                f"top_k must be a positive integer or None (no top-k), got {self.top_k!r}"
+            )
+        if self.top_p is not None and not (0.0 < float(self.top_p) <= 1.0):
+            raise SamplingParamsError(
+                f"top_p must lie in (0, 1] or be None (no nucleus filter), got {self.top_p!r}; "
+                "use e.g. top_p=0.9"
+            )
+        if self.min_p is not None and not (0.0 <= float(self.min_p) < 1.0):
+            raise SamplingParamsError(
+                f"min_p must lie in [0, 1) or be None, got {self.min_p!r}; use e.g. min_p=0.05"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str = "model") -> None:
+    """Raise :class:`InvalidLogitsError` on NaN, +inf, all -inf rows or a wrong vocabulary size."""
+    if vocab_size is not None and logits.shape[-1] != vocab_size:
+        raise InvalidLogitsError(
+            f"{who} returned logits with {logits.shape[-1]} columns but its vocab_size is "
+            f"{vocab_size}; the model function must return one logit per vocabulary entry"
+        )
+    if torch.isnan(logits).any():
+        raise InvalidLogitsError(
+            f"{who} returned NaN logits; check the model's dtype (try float32) and its inputs"
+        )
+    if torch.isposinf(logits).any():
+        raise InvalidLogitsError(
+            f"{who} returned +inf logits; mask tokens with -inf instead, and check the dtype"
+        )
+    if torch.isneginf(logits).all(dim=-1).any():
+        raise InvalidLogitsError(f"{who} returned a row of logits that are all -inf")
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities (float64, same leading shape as ``logits``) after all sampling filters."""
+    x = logits.to(torch.float64)
+    if params.greedy:
+        out = torch.zeros_like(x)
+        out.scatter_(-1, torch.argmax(x, dim=-1, keepdim=True), 1.0)
+        return out
+    x = x / params.temperature
+    vocab = x.shape[-1]
+    if params.top_k is not None and params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        # keep a token if the mass strictly before it is below top_p (always keeps the first)
+        remove_sorted = (cum - sorted_p) >= params.top_p
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        probs = probs.masked_fill(remove, 0.0)
+    if params.min_p is not None and params.min_p > 0:
+        top = probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < params.min_p * top, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)

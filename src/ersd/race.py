@@ -1,0 +1,146 @@
+"""Keyed exponential races: the shared randomness of ERSD.
+
+Kobus & Gündüz, "Speculative Sampling via Exponential Races" (arXiv 2504.15475, ACL Findings 2025).
+
+Every token ``i`` of the vocabulary gets an ``E_i ~ Exp(1)``; the token with the smallest
+``E_i / p_i`` wins the race and is an exact sample from ``p``.  ERSD shares one race per context
+between drafter and target, so the races must be a deterministic function of (seed, context):
+
+* A **context key** is a 64-bit rolling hash of the seed and the full token context, extended one
+  token at a time (:func:`root_key`, :func:`extend_key`).  Keying by the full context keeps
+  successive realised races independent, which is what makes ERSD exact; it also makes the
+  noise independent of batch slot, of how many races were drawn before, and of the device.
+* A key and a **stream** number select a counter-based Philox generator (NumPy), from which the
+  race's uniforms are drawn on the CPU in float64.  Stream 0 is the shared race of ERSD; other
+  streams give independent noise at the same context (draft lanes and verification coins of the
+  rejection-based baselines, which must not reuse the race).
+
+All race arithmetic is done in log space, ``argmin(log E_i - log p_i)``: tokens with ``p_i = 0``
+never win, and ties resolve to the lowest token id (``torch.argmin`` returns the first minimum).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+#: Stream of the shared race (ERSD drafting and verification, bonus tokens, target-only sampling).
+STREAM_RACE = 0
+#: First stream of the independent draft lanes of the baselines (lane k uses STREAM_DRAFT + k).
+STREAM_DRAFT = 1 << 20
+#: Stream of verification coins (uniforms) of the rejection-based baselines.
+STREAM_VERIFY = 2 << 20
+#: Stream of residual ("recovered token") races of the rejection-based baselines.
+STREAM_RESIDUAL = 3 << 20
+
+
+def _mix64(x: int) -> int:
+    """The splitmix64 finaliser: a bijective avalanche mix of a 64-bit integer."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def root_key(seed: int, prompt: Iterable[int]) -> int:
+    """Key of the context made of ``prompt`` under ``seed``: a rolling hash over the prompt."""
+    key = _mix64(0x5EED5EED5EED5EED ^ _mix64(int(seed) & _MASK64))
+    for token in prompt:
+        key = extend_key(key, token)
+    return key
+
+
+def extend_key(key: int, token: int) -> int:
+    """Key of the context ``c || token`` given the key of ``c``."""
+    return _mix64((key * 0x9E3779B97F4A7C15 + int(token) + 1) & _MASK64)
+
+
+def extend_key_many(key: int, tokens: Iterable[int]) -> int:
+    """Key of ``c || tokens`` given the key of ``c``."""
+    for token in tokens:
+        key = extend_key(key, token)
+    return key
+
+
+class RaceNoise:
+    """Source of keyed race noise over a vocabulary of ``vocab_size`` tokens.
+
+    ``log_exponentials(key, stream)`` returns ``log E`` (float64, CPU) for every token.  The same
+    (key, stream) always gives the same vector, whichever order races are asked for in; a small
+    LRU cache lets drafter and target share one computation.
+    """
+
+    def __init__(self, vocab_size: int, cache_size: int = 64) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = int(vocab_size)
+        self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._cache_size = cache_size
+
+    @staticmethod
+    def _generator(key: int, stream: int) -> np.random.Generator:
+        return np.random.Generator(np.random.Philox(key=(int(stream) << 64) | (key & _MASK64)))
+
+    def uniforms(self, key: int, stream: int, n: int) -> np.ndarray:
+        """``n`` independent uniforms in [0, 1) for (key, stream), float64."""
+        return self._generator(key, stream).random(n)
+
+    def log_exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
+        """``log E_i`` for ``E_i ~ Exp(1)`` i.i.d. over the vocabulary, keyed by (key, stream)."""
+        cache_key = (key, stream)
+        hit = self._cache.get(cache_key)
+        if hit is not None:
+            self._cache.move_to_end(cache_key)
+            return hit
+        u = self.uniforms(key, stream, self.vocab_size)
+        # E = -log(1 - u) is Exp(1); log E computed in float64.  u = 0 gives E = 0 (log E = -inf),
+        # which wins if p > 0 and is handled explicitly where p = 0.
+        with np.errstate(divide="ignore"):
+            log_e = np.log(-np.log1p(-u))
+        out = torch.from_numpy(log_e)
+        self._cache[cache_key] = out
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+
+def race_scores(probs: torch.Tensor, log_exponentials: torch.Tensor) -> torch.Tensor:
+    """``log E_i - log p_i`` with ``+inf`` where ``p_i = 0`` (those tokens never win)."""
+    p = probs.to(torch.float64)
+    log_e = log_exponentials.to(device=p.device)
+    with torch.no_grad():
+        scores = log_e - torch.log(p)
+        return torch.where(p > 0, scores, torch.full_like(scores, float("inf")))
+
+
+def race_winner(probs: torch.Tensor, log_exponentials: torch.Tensor) -> int:
+    """The race winner ``argmin_i E_i / p_i``: an exact sample from ``probs``."""
+    return int(torch.argmin(race_scores(probs, log_exponentials)).item())
+
+
+def race_ranking(probs: torch.Tensor, log_exponentials: torch.Tensor, m: int) -> list[int]:
+    """The ``m`` best tokens of the race, best first (Gumbel-top-m: sampling without replacement).
+
+    Tokens with zero probability are never returned, so fewer than ``m`` tokens come back when
+    ``probs`` has fewer than ``m`` non-zero entries.
+    """
+    scores = race_scores(probs, log_exponentials)
+    m = min(m, scores.numel())
+    values, idx = torch.topk(scores, m, largest=False, sorted=True)
+    out = [(float(v), int(i)) for v, i in zip(values.tolist(), idx.tolist(), strict=True)]
+    out.sort()  # deterministic order on exact ties: lowest token id first
+    return [i for v, i in out if v != float("inf")]
+
+
+def race_rank(probs: torch.Tensor, log_exponentials: torch.Tensor, token: int) -> int:
+    """1-based rank of ``token`` in the race over ``probs`` (``vocab + 1`` if it has zero mass)."""
+    scores = race_scores(probs, log_exponentials)
+    s = scores[token]
+    if torch.isinf(s):
+        return scores.numel() + 1
+    return int((scores < s).sum().item()) + 1

@@ -33,8 +33,9 @@ from ersd.tree import TreeShape, parse_tree
 __version__ = "0.1.0"
 
 
-def load_model(name_or_path: str, *, dtype: str = "float32", device: str = "cpu",
-               **config_overrides: Any) -> Any:
+def load_model(
+    name_or_path: str, *, dtype: str = "float32", device: str = "cpu", **config_overrides: Any
+) -> Any:
     """Load a Hugging Face causal LM (bundled offline name, local folder or hub id).
 
     Imported lazily so that ``import ersd`` needs no transformers.

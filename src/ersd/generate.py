@@ -177,8 +177,11 @@ def _check_model(model: Any, role: str) -> None:
 
 
 def _validate(
-    target: LanguageModel, draft: LanguageModel | None, prompt: Sequence[int],
-    max_new_tokens: int, eos_token_id: int | None,
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | None,
 ) -> None:
     _check_model(target, "target")
     if draft is not None:
@@ -205,10 +208,14 @@ def _validate(
             f"prompt holds token ids outside [0, {v}): {bad[:5]}; check the tokenizer matches "
             "the model"
         )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-        max_new_tokens < 1
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or (max_new_tokens < 1)
     ):
-        raise GenerationInputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        raise GenerationInputError(
+            f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
+        )
     if eos_token_id is not None and not 0 <= eos_token_id < v:
         raise GenerationInputError(f"eos_token_id {eos_token_id} is outside [0, {v})")
 
@@ -328,7 +335,9 @@ def generate_stream(
         for t in tokens:
             key = extend_key(key, t)
         emitted += len(tokens)
-        done = emitted >= max_new_tokens or (eos_token_id is not None and tokens[-1] == eos_token_id)
+        done = emitted >= max_new_tokens or (
+            eos_token_id is not None and tokens[-1] == eos_token_id
+        )
         if not done:
             tsess.commit(tokens, accepted)
             if dsess is not None:
@@ -379,14 +388,25 @@ def generate(
     t0 = time.perf_counter()
     steps = list(
         generate_stream(
-            target, draft, prompt, max_new_tokens=max_new_tokens, method=method, tree=tree,
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+            target,
+            draft,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            method=method,
+            tree=tree,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
             eos_token_id=eos_token_id,
         )
     )
     wall = time.perf_counter() - t0
     tokens = [t for s in steps for t in s.tokens]
-    finish = "eos" if eos_token_id is not None and tokens and tokens[-1] == eos_token_id else "length"
+    finish = (
+        "eos" if eos_token_id is not None and tokens and tokens[-1] == eos_token_id else "length"
+    )
     return GenerationResult(
         tokens=tokens,
         target_calls=len(steps),

@@ -131,8 +131,9 @@ class Method(ABC):
         """Token emitted at a context with no drafted children: the target's race winner."""
         return race_winner(target_probs, noise.log_exponentials(STREAM_RACE))
 
-    def rank(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int,
-             noise: NodeNoise) -> int | None:
+    def rank(
+        self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise
+    ) -> int | None:
         """Rank statistic of ``token`` in this method's drafting order (ERSD); None otherwise."""
         return None
 
@@ -175,9 +176,7 @@ def verify_tree(
         p = target_probs[ctx]
         node_noise = NodeNoise(noise, tree.keys[ctx])
         if not kids:
-            token = (
-                int(torch.argmax(p).item()) if method is None else method.bonus(p, node_noise)
-            )
+            token = int(torch.argmax(p).item()) if method is None else method.bonus(p, node_noise)
             break
         kid_tokens = [tree.tokens[k] for k in kids]
         if method is None:

@@ -39,6 +39,7 @@ class ERSD(Method):
                 return NodeDecision(j, y)
         return NodeDecision(None, y)
 
-    def rank(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int,
-             noise: NodeNoise) -> int | None:
+    def rank(
+        self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise
+    ) -> int | None:
         return race_rank(draft_probs, noise.log_exponentials(STREAM_RACE), token)

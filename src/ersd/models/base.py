@@ -57,7 +57,9 @@ def check_tree_args(tokens: Sequence[int], parents: Sequence[int], num_pending: 
 
 
 def check_commit_args(
-    tokens: Sequence[int], path: Sequence[int], pending_tokens: Sequence[int],
+    tokens: Sequence[int],
+    path: Sequence[int],
+    pending_tokens: Sequence[int],
     pending_parents: Sequence[int],
 ) -> None:
     """Validate that ``path`` is a root-down chain of pending nodes holding ``tokens``' prefix."""

@@ -22,7 +22,9 @@ class FunctionModel:
         if not callable(fn):
             raise TypeError("FunctionModel(fn, vocab_size): fn must be callable")
         if not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"FunctionModel: vocab_size must be a positive int, got {vocab_size!r}")
+            raise ValueError(
+                f"FunctionModel: vocab_size must be a positive int, got {vocab_size!r}"
+            )
         self.fn = fn
         self.vocab_size = vocab_size
         self.forward_calls = 0

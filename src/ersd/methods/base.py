@@ -47,7 +47,7 @@ class NodeNoise:
 
 @dataclass(frozen=True)
 class NodeDecision:
-    """Outcome at one node: ``child`` is the accepted child's index (or None); ``token`` is emitted."""
+    """Outcome at one node: ``child`` = accepted child's index (or None); ``token`` is emitted."""
 
     child: int | None
     token: int
@@ -105,7 +105,11 @@ class Method(ABC):
     supported_shapes: str = "any tree"
 
     def check_shape(self, shape: TreeShape) -> None:
-        """Raise :class:`UnsupportedTreeError` when this method cannot verify ``shape``."""
+        """Raise :class:`UnsupportedTreeError` when this method cannot verify ``shape``.
+
+        The default accepts every tree; methods restricted to some shapes override it.
+        """
+        return None
 
     def _unsupported(self, shape: TreeShape, why: str) -> UnsupportedTreeError:
         return UnsupportedTreeError(

@@ -181,7 +181,7 @@ def _validate(
     draft: LanguageModel | None,
     prompt: Sequence[int],
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: int | Sequence[int] | None,
 ) -> None:
     _check_model(target, "target")
     if draft is not None:
@@ -216,8 +216,17 @@ def _validate(
         raise GenerationInputError(
             f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
         )
-    if eos_token_id is not None and not 0 <= eos_token_id < v:
-        raise GenerationInputError(f"eos_token_id {eos_token_id} is outside [0, {v})")
+    for eos in _eos_set(eos_token_id):
+        if not 0 <= eos < v:
+            raise GenerationInputError(f"eos_token_id {eos} is outside [0, {v})")
+
+
+def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(e) for e in eos_token_id)
 
 
 def _propose(
@@ -287,7 +296,7 @@ def generate_stream(
     top_p: float | None = None,
     min_p: float | None = None,
     seed: int = 0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     _validate(target, draft, prompt, max_new_tokens, eos_token_id)
@@ -296,6 +305,7 @@ def generate_stream(
     shape = parse_tree(tree)
     if draft is not None:
         meth.check_shape(shape)
+    eos = _eos_set(eos_token_id)
     noise = RaceNoise(target.vocab_size)
     key = root_key(seed, prompt)
     tsess = target.start(list(prompt))
@@ -328,16 +338,16 @@ def generate_stream(
             accepted, tokens, ranks = ver.accepted, ver.tokens, ver.ranks
         # commit
         cut = min(len(tokens), remaining)
-        if eos_token_id is not None and eos_token_id in tokens[:cut]:
-            cut = tokens.index(eos_token_id) + 1
+        for j, t in enumerate(tokens[:cut]):
+            if t in eos:
+                cut = j + 1
+                break
         tokens = tokens[:cut]
         accepted = accepted[:cut]
         for t in tokens:
             key = extend_key(key, t)
         emitted += len(tokens)
-        done = emitted >= max_new_tokens or (
-            eos_token_id is not None and tokens[-1] == eos_token_id
-        )
+        done = emitted >= max_new_tokens or tokens[-1] in eos
         if not done:
             tsess.commit(tokens, accepted)
             if dsess is not None:
@@ -377,7 +387,7 @@ def generate(
     top_p: float | None = None,
     min_p: float | None = None,
     seed: int = 0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """Sample up to ``max_new_tokens`` tokens from ``target`` after ``prompt``.
 
@@ -404,9 +414,7 @@ def generate(
     )
     wall = time.perf_counter() - t0
     tokens = [t for s in steps for t in s.tokens]
-    finish = (
-        "eos" if eos_token_id is not None and tokens and tokens[-1] == eos_token_id else "length"
-    )
+    finish = "eos" if tokens and tokens[-1] in _eos_set(eos_token_id) else "length"
     return GenerationResult(
         tokens=tokens,
         target_calls=len(steps),

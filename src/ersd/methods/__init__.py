@@ -17,8 +17,25 @@ from ersd.methods.base import (
     verify_tree,
 )
 from ersd.methods.ersd import ERSD
+from ersd.methods.gls import GumbelListSampling
+from ersd.methods.rrs_wor import RRSWithoutReplacement
+from ersd.methods.sd import SpeculativeSampling
+from ersd.methods.spechub import SpecHub
+from ersd.methods.specinfer import SpecInfer
+from ersd.methods.spectr import SpecTr
 
-METHODS: dict[str, Method] = {m.name: m for m in (ERSD(),)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        ERSD(),
+        SpeculativeSampling(),
+        SpecInfer(),
+        RRSWithoutReplacement(),
+        SpecTr(),
+        SpecHub(),
+        GumbelListSampling(),
+    )
+}
 
 
 def get_method(name: str | Method) -> Method:

@@ -1,0 +1,137 @@
+"""SpecTr k-sequential selection (Sun, Suresh, Ro, Beirami, Jain & Yu 2023), any tree.
+
+The ``K`` children of a node are i.i.d. draws from ``q`` (child ``k`` from draft lane ``k``,
+stream ``STREAM_DRAFT + k``).  With ``beta(rho) = sum_x min(q(x), p(x) / rho)`` the verifier uses
+the smallest ``rho`` in ``[1, K]`` with ``rho * beta(rho) >= 1 - (1 - beta(rho))^K`` (found by
+bisection: the left side minus the right side increases with ``rho``, and ``rho = K`` always
+satisfies it).  Draft ``i`` is accepted with probability ``min(1, p(x_i) / (rho q(x_i)))``, in
+order (coins from ``STREAM_VERIFY``); if all fail the token is drawn (``STREAM_RESIDUAL``) from
+
+    p_res(x) = [p(x) - p_acc * min(q(x), p(x) / rho) / beta] / (1 - p_acc),
+    p_acc = 1 - (1 - beta)^K
+
+(tiny negatives from rounding are clipped).  Each draft is accepted with probability ``beta`` and
+an accepted draft has law ``min(q, p / rho) / beta``, so the output law is exactly ``p``.  With
+``K = 1``, ``rho = 1`` and this is standard speculative sampling.
+
+Hooks: ``compute_rho``, ``acceptance_probability``, ``residual``, ``verify_uniforms``,
+``sample_residual``, ``draft``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ersd.methods._common import (
+    accept_probability,
+    iid_draws,
+    normalised_or,
+    positive_part,
+    residual_uniform,
+    sample_categorical,
+    verify_uniforms,
+)
+from ersd.methods.base import Method, NodeDecision, NodeNoise
+
+
+def _beta(p: torch.Tensor, q: torch.Tensor, rho: float) -> float:
+    return float(torch.minimum(q, p / rho).sum().clamp(0.0, 1.0))
+
+
+def spectr_rho(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, num_drafts: int, tol: float = 1e-12
+) -> float:
+    """Smallest ``rho`` in ``[1, K]`` with ``rho * beta(rho) >= 1 - (1 - beta(rho))^K``.
+
+    Bisection on the tokens where ``p`` or ``q`` is positive; the returned value always satisfies
+    the inequality (it is the upper end of the final bracket).
+    """
+    k = max(int(num_drafts), 1)
+    support = (target_probs > 0) | (draft_probs > 0)
+    p = target_probs[support].to(torch.float64)
+    q = draft_probs[support].to(torch.float64)
+
+    def ok(rho: float) -> bool:
+        b = _beta(p, q, rho)
+        return rho * b >= 1.0 - (1.0 - b) ** k
+
+    if k == 1 or ok(1.0):
+        return 1.0
+    lo, hi = 1.0, float(k)
+    while hi - lo > tol * hi:
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+class SpecTr(Method):
+    name = "spectr"
+    summary = "SpecTr k-sequential selection over i.i.d. drafts"
+    supported_shapes = "any tree (children are i.i.d. draft lanes)"
+
+    def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
+        return iid_draws(draft_probs, num_children, noise)
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def compute_rho(
+        self, target_probs: torch.Tensor, draft_probs: torch.Tensor, num_drafts: int
+    ) -> float:
+        return spectr_rho(target_probs, draft_probs, num_drafts)
+
+    def acceptance_probability(
+        self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, rho: float
+    ) -> float:
+        """``min(1, p(x) / (rho q(x)))``."""
+        return accept_probability(float(target_probs[token]), rho * float(draft_probs[token]))
+
+    def residual(
+        self, target_probs: torch.Tensor, draft_probs: torch.Tensor, rho: float, num_drafts: int
+    ) -> torch.Tensor:
+        """``p_res`` (normalised; ``p`` itself when no draft can be accepted)."""
+        accepted = torch.minimum(draft_probs, target_probs / rho)
+        beta = float(accepted.sum().clamp(0.0, 1.0))
+        if not beta > 0.0:
+            return target_probs
+        p_acc = 1.0 - (1.0 - beta) ** num_drafts
+        return normalised_or(positive_part(target_probs - (p_acc / beta) * accepted), target_probs)
+
+    def verify_uniforms(self, noise: NodeNoise, n: int) -> list[float]:
+        return verify_uniforms(noise, n)
+
+    def sample_residual(self, residual_probs: torch.Tensor, noise: NodeNoise) -> int:
+        return sample_categorical(residual_probs, residual_uniform(noise))
+
+    # --- rule ----------------------------------------------------------------------------------
+
+    def verify_node(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        children: Sequence[int],
+        noise: NodeNoise,
+    ) -> NodeDecision:
+        p = target_probs.to(torch.float64)
+        q = draft_probs.to(torch.float64)
+        k = len(children)
+        rho = self.compute_rho(p, q, k)
+        coins = self.verify_uniforms(noise, k)
+        for j, (token, u) in enumerate(zip(children, coins, strict=True)):
+            if u < self.acceptance_probability(p, q, token, rho):
+                return NodeDecision(j, int(token))
+        return NodeDecision(None, self.sample_residual(self.residual(p, q, rho, k), noise))
+
+    @staticmethod
+    def acceptance_rate(
+        target_probs: torch.Tensor, draft_probs: torch.Tensor, num_drafts: int
+    ) -> float:
+        """Closed form ``1 - (1 - beta(rho))^K``: the probability that some draft is accepted."""
+        p = target_probs.to(torch.float64)
+        q = draft_probs.to(torch.float64)
+        rho = spectr_rho(p, q, num_drafts)
+        return 1.0 - (1.0 - _beta(p, q, rho)) ** num_drafts

@@ -1,0 +1,200 @@
+"""Expected tokens per target call versus the number of drafted tokens ``k``, per method and shape.
+
+Under the i.i.d. per-node model (every context has the same ``(p, q)``; ranks / acceptances are
+independent across depths) for ``k = 1..max_k`` and four tree families:
+
+* ``chain``   — ``chain:k``;
+* ``batch``   — ``batch:k``;
+* ``multi``   — the best ``multi:MxL`` with ``M, L >= 2`` and ``M·L <= k`` (NaN for ``k < 4``);
+* ``optimal`` — the optimal ``k``-node tree (:func:`ersd.theory.optimal_tree`) for methods whose
+  children are tried in a fixed order (``ersd``, ``specinfer``, ``rrs-wor``; ``sd`` is chains
+  only, so its optimal tree is the chain), built on the method's child-index distribution.
+
+Methods without a child-index structure (``spectr``, ``gls``) get chain/batch/multi from their
+acceptance with ``c`` children (:func:`ersd.theory.trees.per_node_block_efficiency`); ``spechub``
+is limited to two children per node.  ``bound``/``asymptote`` are the paper's bound and its
+``log k / H[R]`` asymptote for ERSD's rank distribution.  NaN marks "not defined".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ersd.errors import ErsdError
+from ersd.theory.acceptance import (
+    ACCEPTANCE_METHODS,
+    acceptance_probability,
+    child_index_distribution,
+    rank_distribution,
+)
+from ersd.theory.distributions import as_pair, check_count, kl_divergence, rank_entropy
+from ersd.theory.trees import (
+    batch_paths,
+    block_efficiency_bound,
+    bound_asymptote,
+    chain_paths,
+    expected_block_efficiency,
+    multi_paths,
+    optimal_tree,
+    per_node_block_efficiency,
+)
+
+SHAPES: tuple[str, ...] = ("chain", "batch", "multi", "optimal")
+_ORDERED = ("ersd", "specinfer", "rrs-wor", "sd")  # methods with a child-index distribution
+_MAX_CHILDREN = {"sd": 1, "spechub": 2}
+
+
+@dataclass
+class Curves:
+    """Tokens per call for ``k = ks``: ``values[method][shape]`` (lists aligned with ``ks``)."""
+
+    ks: list[int]
+    values: dict[str, dict[str, list[float]]]
+    bound: list[float]
+    asymptote: list[float]
+    vocab_size: int
+    rank_entropy_nats: float
+    best_multi: dict[int, tuple[int, int]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(xs: Sequence[float]) -> list[float | None]:
+            return [None if (x is None or not math.isfinite(x)) else round(float(x), 6) for x in xs]
+
+        return {
+            "ks": self.ks,
+            "vocab_size": self.vocab_size,
+            "rank_entropy_nats": round(self.rank_entropy_nats, 6),
+            "curves": {m: {s: clean(v) for s, v in d.items()} for m, d in self.values.items()},
+            "bound": clean(self.bound),
+            "asymptote": clean(self.asymptote),
+            "best_multi": {str(k): list(v) for k, v in self.best_multi.items()},
+            **self.info,
+        }
+
+
+def _multi_options(k: int) -> list[tuple[int, int]]:
+    return [(m, n) for m in range(2, k // 2 + 1) for n in range(2, k // m + 1)]
+
+
+def _rank_curves(rank_probs: np.ndarray, ks: list[int]) -> tuple[dict[str, list[float]], dict]:
+    """chain/batch/multi/optimal for a child-index distribution (1-D, may be short)."""
+    out: dict[str, list[float]] = {s: [] for s in SHAPES}
+    best: dict[int, tuple[int, int]] = {}
+    for k in ks:
+        out["chain"].append(expected_block_efficiency(chain_paths(k), rank_probs))
+        out["batch"].append(expected_block_efficiency(batch_paths(k), rank_probs))
+        opts = _multi_options(k)
+        if opts:
+            vals = [
+                (expected_block_efficiency(multi_paths(m, n), rank_probs), (m, n)) for m, n in opts
+            ]
+            v, mn = max(vals)
+            out["multi"].append(v)
+            best[k] = mn
+        else:
+            out["multi"].append(math.nan)
+        out["optimal"].append(expected_block_efficiency(optimal_tree(rank_probs, k), rank_probs))
+    return out, best
+
+
+def _acceptance_curves(
+    alpha: list[float], ks: list[int], max_children: int
+) -> dict[str, list[float]]:
+    """chain/batch/multi for a method known only through its acceptance with c children."""
+    out: dict[str, list[float]] = {s: [] for s in SHAPES}
+    for k in ks:
+        out["chain"].append(per_node_block_efficiency([1] * k, alpha))
+        out["batch"].append(
+            per_node_block_efficiency([k], alpha) if k <= max_children else math.nan
+        )
+        opts = [(m, n) for m, n in _multi_options(k) if m <= max_children]
+        out["multi"].append(
+            max(per_node_block_efficiency([m] + [1] * (n - 1), alpha) for m, n in opts)
+            if opts
+            else math.nan
+        )
+        out["optimal"].append(math.nan)
+    return out
+
+
+def pair_curves(
+    target_probs: Any,
+    draft_probs: Any,
+    max_k: int = 16,
+    methods: Sequence[str] = ACCEPTANCE_METHODS,
+) -> Curves:
+    """Curves for one ``(p, q)`` pair, every method in ``methods``."""
+    p, q = as_pair(target_probs, draft_probs)
+    kmax = check_count(max_k, "max_k")
+    ks = list(range(1, kmax + 1))
+    unknown = [m for m in methods if m not in ACCEPTANCE_METHODS]
+    if unknown:
+        raise ErsdError(f"unknown methods {unknown}; known: {', '.join(ACCEPTANCE_METHODS)}")
+    rank = rank_distribution(p, q)
+    values: dict[str, dict[str, list[float]]] = {}
+    best_multi: dict[int, tuple[int, int]] = {}
+    acceptance: dict[str, dict[str, float | None]] = {}
+    for meth in methods:
+        cap = min(_MAX_CHILDREN.get(meth, kmax), kmax)
+        if meth == "ersd":
+            cid: np.ndarray | None = rank
+        elif meth in _ORDERED:
+            cid = child_index_distribution(p, q, cap, meth)
+        else:
+            cid = None
+        if cid is not None:
+            curves, best = _rank_curves(cid, ks)
+            if meth == "sd":  # chains only
+                curves["batch"] = [curves["chain"][0]] + [math.nan] * (len(ks) - 1)
+                curves["multi"] = [math.nan] * len(ks)
+            if meth == "ersd":
+                best_multi = best
+            values[meth] = curves
+            alpha = list(np.cumsum(cid))
+        else:
+            alpha = [acceptance_probability(p, q, c, meth) for c in range(1, cap + 1)]
+            values[meth] = _acceptance_curves(alpha, ks, cap)
+        acceptance[meth] = {
+            str(m): (float(alpha[m - 1]) if m <= len(alpha) else None) for m in (1, 2, 4)
+        }
+    h = rank_entropy(rank)
+    return Curves(
+        ks=ks,
+        values=values,
+        bound=[block_efficiency_bound(rank, k, p.size) for k in ks],
+        asymptote=[bound_asymptote(rank, k) for k in ks],
+        vocab_size=p.size,
+        rank_entropy_nats=h,
+        best_multi=best_multi,
+        info={
+            "tv": float(0.5 * np.abs(p - q).sum()),
+            "kl_nats": kl_divergence(p, q),
+            "acceptance": acceptance,
+        },
+    )
+
+
+def profile_curves(rank_probs: Any, vocab_size: int, max_k: int = 16) -> Curves:
+    """ERSD curves for a recorded rank profile (no ``(p, q)``, so no baselines)."""
+    from ersd.theory.distributions import as_probs
+
+    rank = as_probs(rank_probs, "rank_probs", allow_deficit=True)
+    kmax = check_count(max_k, "max_k")
+    ks = list(range(1, kmax + 1))
+    curves, best = _rank_curves(rank, ks)
+    return Curves(
+        ks=ks,
+        values={"ersd": curves},
+        bound=[block_efficiency_bound(rank, k, vocab_size) for k in ks],
+        asymptote=[bound_asymptote(rank, k) for k in ks],
+        vocab_size=vocab_size,
+        rank_entropy_nats=rank_entropy(rank),
+        best_multi=best,
+        info={"acceptance": {"ersd": {str(m): float(rank[:m].sum()) for m in (1, 2, 4)}}},
+    )

@@ -1,0 +1,248 @@
+"""Empirical rank profiles: ``P_R`` estimated from recorded ERSD ranks, and their JSON files.
+
+The generation loop records, for every verified context that had drafted children, the 1-based
+rank of the target's race winner in the drafter's race (``StepRecord.ranks``, root-down within a
+step; ``GenerationResult.ranks`` concatenates them).  The rank is observed in full whatever the
+number of children (it is computed from the race, not from the tree), so the histogram of ranks
+is an unbiased estimate of ``P_R`` under the i.i.d.-rank model (Kobus & Gündüz 2025, §3: "P_R is
+estimated from data ... it can depend on depth").  A rank of ``V + 1`` means the drafter gave the
+target's token no mass (never drafted).
+
+File format (JSON, ``format = "ersd-rank-profile"``, ``version = 1``)::
+
+    {"format": "ersd-rank-profile", "version": 1,
+     "vocab_size": 49152,                 # or null when unknown
+     "counts": [812, 140, 51, ...],       # counts[r - 1] = observations of rank r
+     "depth_counts": [[...], [...]],      # optional: the same per depth (depth 1 first), or null
+     "meta": {"target": "...", "draft": "...", "temperature": 1.0}}
+
+The benchmark's tree spec ``optimal:K@file`` loads such a file and builds
+:func:`ersd.theory.optimal_tree` from :meth:`RankProfile.rank_probs`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ersd.errors import ErsdError
+
+PROFILE_FORMAT = "ersd-rank-profile"
+PROFILE_VERSION = 1
+
+
+class RankProfileError(ErsdError):
+    """A rank profile (ranks, counts or JSON file) is malformed."""
+
+
+def _counts_from_ranks(ranks: Iterable[int]) -> np.ndarray:
+    vals = []
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 1:
+            raise RankProfileError(
+                f"ranks must be 1-based integers (1 = the drafter's own sample), got {r!r}"
+            )
+        vals.append(int(r))
+    if not vals:
+        return np.zeros(0, dtype=np.int64)
+    return np.bincount(np.asarray(vals) - 1).astype(np.int64)
+
+
+def _check_counts(values: Any, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RankProfileError(f"{name} must be a list of non-negative integers") from None
+    if arr.ndim != 1 or not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr % 1 != 0):
+        raise RankProfileError(
+            f"{name} must be a 1-D list of non-negative integers, got {values!r}"
+        )
+    return arr.astype(np.int64)
+
+
+def _pad(a: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([a, np.zeros(n - a.size, dtype=a.dtype)]) if a.size < n else a
+
+
+@dataclass
+class RankProfile:
+    """A histogram of ERSD ranks, optionally per depth (``depth_counts[d]`` for depth ``d + 1``)."""
+
+    counts: np.ndarray
+    vocab_size: int | None = None
+    depth_counts: list[np.ndarray] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.counts = _check_counts(self.counts, "counts")
+        if self.depth_counts is not None:
+            self.depth_counts = [
+                _check_counts(c, f"depth_counts[{d}]") for d, c in enumerate(self.depth_counts)
+            ]
+        if self.vocab_size is not None and (
+            isinstance(self.vocab_size, bool) or int(self.vocab_size) < 1
+        ):
+            raise RankProfileError(f"vocab_size must be a positive integer, got {self.vocab_size}")
+
+    # --- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_ranks(
+        cls, ranks: Iterable[int], vocab_size: int | None = None, **meta: Any
+    ) -> RankProfile:
+        """Profile of a flat list of 1-based ranks (e.g. ``GenerationResult.ranks``)."""
+        return cls(_counts_from_ranks(ranks), vocab_size=vocab_size, meta=dict(meta))
+
+    @classmethod
+    def from_step_ranks(
+        cls, step_ranks: Iterable[Sequence[int]], vocab_size: int | None = None, **meta: Any
+    ) -> RankProfile:
+        """Profile with per-depth counts from each step's root-down rank list."""
+        by_depth: list[list[int]] = []
+        flat: list[int] = []
+        for ranks in step_ranks:
+            for d, r in enumerate(ranks):
+                while len(by_depth) <= d:
+                    by_depth.append([])
+                by_depth[d].append(r)
+                flat.append(r)
+        depth_counts = [_counts_from_ranks(rs) for rs in by_depth]
+        return cls(
+            _counts_from_ranks(flat),
+            vocab_size=vocab_size,
+            depth_counts=depth_counts,
+            meta=dict(meta),
+        )
+
+    @classmethod
+    def from_results(cls, results: Any, vocab_size: int | None = None, **meta: Any) -> RankProfile:
+        """Profile (with per-depth counts) of one or several ``GenerationResult`` objects.
+
+        Also accepts ``StepRecord`` objects or any object with a ``.steps`` list of objects with a
+        ``.ranks`` list (duck-typed: nothing is imported from the generation loop).
+        """
+        items = [results] if hasattr(results, "steps") or hasattr(results, "ranks") else results
+        step_ranks: list[Sequence[int]] = []
+        for item in items:
+            steps = item.steps if hasattr(item, "steps") else [item]
+            step_ranks.extend(list(s.ranks) for s in steps)
+        return cls.from_step_ranks(step_ranks, vocab_size=vocab_size, **meta)
+
+    # --- estimates ------------------------------------------------------------------------------
+
+    @property
+    def num_observations(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def num_depths(self) -> int:
+        return len(self.depth_counts) if self.depth_counts else 0
+
+    def _probs(self, counts: np.ndarray, what: str) -> np.ndarray:
+        total = counts.sum()
+        if total == 0:
+            raise RankProfileError(
+                f"{what} has no observations; record ranks with method='ersd' at temperature > 0"
+            )
+        probs = counts / total
+        if self.vocab_size is not None:
+            # rank V + 1 (never drafted) is left out: the vector becomes a sub-probability
+            probs = probs[: self.vocab_size]
+        return np.asarray(probs, dtype=np.float64)
+
+    def rank_probs(self) -> np.ndarray:
+        """Empirical ``P(R = r)`` (element ``r − 1``), pooled over depths."""
+        return self._probs(self.counts, "the rank profile")
+
+    def depth_rank_probs(self, min_count: int = 1) -> list[np.ndarray]:
+        """Per-depth empirical ``P_R``, depth 1 first; depths with < ``min_count`` counts dropped
+        from the end (deeper contexts are reached less often, so their estimates are noisier)."""
+        if not self.depth_counts:
+            return [self.rank_probs()]
+        out = []
+        for d, c in enumerate(self.depth_counts):
+            if c.sum() < max(min_count, 1):
+                break
+            out.append(self._probs(c, f"depth {d + 1}"))
+        return out or [self.rank_probs()]
+
+    # --- files ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "vocab_size": self.vocab_size,
+            "num_observations": self.num_observations,
+            "counts": [int(c) for c in self.counts],
+            "depth_counts": (
+                None
+                if self.depth_counts is None
+                else [[int(c) for c in dc] for dc in self.depth_counts]
+            ),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RankProfile:
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            raise RankProfileError(
+                f'not a rank profile: expected a JSON object with "format": '
+                f'"{PROFILE_FORMAT}" (write one with RankProfile.save)'
+            )
+        if data.get("version") != PROFILE_VERSION:
+            raise RankProfileError(
+                f"rank profile version {data.get('version')!r} is not supported (this ersd "
+                f"reads version {PROFILE_VERSION})"
+            )
+        if "counts" not in data:
+            raise RankProfileError('rank profile has no "counts" list')
+        return cls(
+            counts=data["counts"],
+            vocab_size=data.get("vocab_size"),
+            depth_counts=data.get("depth_counts"),
+            meta=dict(data.get("meta") or {}),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> RankProfile:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise RankProfileError(f"rank profile file {str(p)!r} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise RankProfileError(
+                f"rank profile file {str(p)!r} is not valid JSON: {exc}"
+            ) from None
+        return cls.from_dict(data)
+
+
+def merge_profiles(profiles: Sequence[RankProfile]) -> RankProfile:
+    """Sum the counts of several profiles (same vocabulary)."""
+    if not profiles:
+        raise RankProfileError("merge_profiles needs at least one profile")
+    vocab = {p.vocab_size for p in profiles}
+    if len(vocab) > 1:
+        raise RankProfileError(f"cannot merge rank profiles of different vocab sizes {vocab}")
+    n = max(p.counts.size for p in profiles)
+    counts = sum((_pad(p.counts, n) for p in profiles), np.zeros(n, dtype=np.int64))
+    depth_counts = None
+    if all(p.depth_counts is not None for p in profiles):
+        nd = max(p.num_depths for p in profiles)
+        depth_counts = []
+        for d in range(nd):
+            cols = [
+                p.depth_counts[d] for p in profiles if p.depth_counts and d < len(p.depth_counts)
+            ]
+            w = max(c.size for c in cols)
+            depth_counts.append(sum((_pad(c, w) for c in cols), np.zeros(w, dtype=np.int64)))
+    return RankProfile(counts, vocab_size=profiles[0].vocab_size, depth_counts=depth_counts)

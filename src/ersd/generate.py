@@ -331,7 +331,7 @@ def generate_stream(
         # verify
         target_probs = _LazyProbs(logits, params)
         if dtree.num_nodes == 0 and not params.greedy:
-            tok = race_winner(target_probs[0], noise.log_exponentials(key, STREAM_RACE))
+            tok = race_winner(target_probs[0], noise.exponentials(key, STREAM_RACE))
             accepted, tokens, ranks = [], [tok], []
         else:
             ver = verify_tree(None if params.greedy else meth, dtree, target_probs, noise)  # type: ignore[arg-type]

@@ -58,6 +58,8 @@ def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str =
             f"{who} returned logits with {logits.shape[-1]} columns but its vocab_size is "
             f"{vocab_size}; the model function must return one logit per vocabulary entry"
         )
+    if bool(torch.isfinite(logits).all()):  # the common case: one pass
+        return
     if torch.isnan(logits).any():
         raise InvalidLogitsError(
             f"{who} returned NaN logits; check the model's dtype (try float32) and its inputs"
@@ -77,11 +79,13 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         out = torch.zeros_like(x)
         out.scatter_(-1, torch.argmax(x, dim=-1, keepdim=True), 1.0)
         return out
-    x = x / params.temperature
+    if params.temperature != 1.0:
+        x = x / params.temperature
     vocab = x.shape[-1]
+    filtered = False
     if params.top_k is not None and params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
+        x = x.masked_fill(x < kth, float("-inf"))  # softmax renormalises
     probs = torch.softmax(x, dim=-1)
     if params.top_p is not None and params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -90,7 +94,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         remove_sorted = (cum - sorted_p) >= params.top_p
         remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
         probs = probs.masked_fill(remove, 0.0)
+        filtered = True
     if params.min_p is not None and params.min_p > 0:
         top = probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < params.min_p * top, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+        filtered = True
+    return probs / probs.sum(dim=-1, keepdim=True) if filtered else probs

@@ -15,8 +15,10 @@ between drafter and target, so the races must be a deterministic function of (se
   streams give independent noise at the same context (draft lanes and verification coins of the
   rejection-based baselines, which must not reuse the race).
 
-All race arithmetic is done in log space, ``argmin(log E_i - log p_i)``: tokens with ``p_i = 0``
-never win, and ties resolve to the lowest token id (``torch.argmin`` returns the first minimum).
+Scores are ``E_i / p_i`` in float64 (a division, no logarithm: the noise is drawn once per race and
+cached, and the per-distribution work stays one pass): tokens with ``p_i = 0`` score ``+inf`` and
+never win, and ties resolve to the lowest token id (``argmin`` returns the first minimum).  The
+draws are clamped away from 0 so that ``0 / 0`` can never occur.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
+_TINY = float(np.finfo(np.float64).tiny)
 
 #: Stream of the shared race (ERSD drafting and verification, bonus tokens, target-only sampling).
 STREAM_RACE = 0
@@ -70,7 +73,7 @@ def extend_key_many(key: int, tokens: Iterable[int]) -> int:
 class RaceNoise:
     """Source of keyed race noise over a vocabulary of ``vocab_size`` tokens.
 
-    ``log_exponentials(key, stream)`` returns ``log E`` (float64, CPU) for every token.  The same
+    ``exponentials(key, stream)`` returns ``E`` (float64, CPU) for every token.  The same
     (key, stream) always gives the same vector, whichever order races are asked for in; a small
     LRU cache lets drafter and target share one computation.
     """
@@ -90,46 +93,41 @@ class RaceNoise:
         """``n`` independent uniforms in [0, 1) for (key, stream), float64."""
         return self._generator(key, stream).random(n)
 
-    def log_exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
-        """``log E_i`` for ``E_i ~ Exp(1)`` i.i.d. over the vocabulary, keyed by (key, stream)."""
+    def exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
+        """``E_i ~ Exp(1)`` i.i.d. over the vocabulary (float64, CPU), keyed by (key, stream)."""
         cache_key = (key, stream)
         hit = self._cache.get(cache_key)
         if hit is not None:
             self._cache.move_to_end(cache_key)
             return hit
-        u = self.uniforms(key, stream, self.vocab_size)
-        # E = -log(1 - u) is Exp(1); log E computed in float64.  u = 0 gives E = 0 (log E = -inf),
-        # which wins if p > 0 and is handled explicitly where p = 0.
-        with np.errstate(divide="ignore"):
-            log_e = np.log(-np.log1p(-u))
-        out = torch.from_numpy(log_e)
+        e = self._generator(key, stream).standard_exponential(self.vocab_size)
+        np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
+        out = torch.from_numpy(e)
         self._cache[cache_key] = out
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return out
 
 
-def race_scores(probs: torch.Tensor, log_exponentials: torch.Tensor) -> torch.Tensor:
-    """``log E_i - log p_i`` with ``+inf`` where ``p_i = 0`` (those tokens never win)."""
-    p = probs.to(torch.float64)
-    log_e = log_exponentials.to(device=p.device)
-    with torch.no_grad():
-        scores = log_e - torch.log(p)
-        return torch.where(p > 0, scores, torch.full_like(scores, float("inf")))
+def race_scores(probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """``E_i / p_i`` (float64), ``+inf`` where ``p_i = 0`` (those tokens never win)."""
+    p = probs if probs.dtype == torch.float64 else probs.to(torch.float64)
+    e = exponentials if exponentials.device == p.device else exponentials.to(p.device)
+    return e / p
 
 
-def race_winner(probs: torch.Tensor, log_exponentials: torch.Tensor) -> int:
+def race_winner(probs: torch.Tensor, exponentials: torch.Tensor) -> int:
     """The race winner ``argmin_i E_i / p_i``: an exact sample from ``probs``."""
-    return int(torch.argmin(race_scores(probs, log_exponentials)).item())
+    return int(torch.argmin(race_scores(probs, exponentials)).item())
 
 
-def race_ranking(probs: torch.Tensor, log_exponentials: torch.Tensor, m: int) -> list[int]:
+def race_ranking(probs: torch.Tensor, exponentials: torch.Tensor, m: int) -> list[int]:
     """The ``m`` best tokens of the race, best first (Gumbel-top-m: sampling without replacement).
 
     Tokens with zero probability are never returned, so fewer than ``m`` tokens come back when
     ``probs`` has fewer than ``m`` non-zero entries.
     """
-    scores = race_scores(probs, log_exponentials)
+    scores = race_scores(probs, exponentials)
     m = min(m, scores.numel())
     values, idx = torch.topk(scores, m, largest=False, sorted=True)
     out = [(float(v), int(i)) for v, i in zip(values.tolist(), idx.tolist(), strict=True)]
@@ -137,9 +135,9 @@ def race_ranking(probs: torch.Tensor, log_exponentials: torch.Tensor, m: int) ->
     return [i for v, i in out if v != float("inf")]
 
 
-def race_rank(probs: torch.Tensor, log_exponentials: torch.Tensor, token: int) -> int:
+def race_rank(probs: torch.Tensor, exponentials: torch.Tensor, token: int) -> int:
     """1-based rank of ``token`` in the race over ``probs`` (``vocab + 1`` if it has zero mass)."""
-    scores = race_scores(probs, log_exponentials)
+    scores = race_scores(probs, exponentials)
     s = scores[token]
     if torch.isinf(s):
         return scores.numel() + 1

@@ -38,8 +38,8 @@ class NodeNoise:
     source: RaceNoise
     key: int
 
-    def log_exponentials(self, stream: int = STREAM_RACE) -> torch.Tensor:
-        return self.source.log_exponentials(self.key, stream)
+    def exponentials(self, stream: int = STREAM_RACE) -> torch.Tensor:
+        return self.source.exponentials(self.key, stream)
 
     def uniforms(self, stream: int, n: int) -> list[float]:
         return [float(u) for u in self.source.uniforms(self.key, stream, n)]
@@ -133,7 +133,7 @@ class Method(ABC):
 
     def bonus(self, target_probs: torch.Tensor, noise: NodeNoise) -> int:
         """Token emitted at a context with no drafted children: the target's race winner."""
-        return race_winner(target_probs, noise.log_exponentials(STREAM_RACE))
+        return race_winner(target_probs, noise.exponentials(STREAM_RACE))
 
     def rank(
         self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise

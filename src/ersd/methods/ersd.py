@@ -24,7 +24,7 @@ class ERSD(Method):
     supported_shapes = "any tree (children are ranks in the drafter's race)"
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
-        return race_ranking(draft_probs, noise.log_exponentials(STREAM_RACE), num_children)
+        return race_ranking(draft_probs, noise.exponentials(STREAM_RACE), num_children)
 
     def verify_node(
         self,
@@ -33,7 +33,7 @@ class ERSD(Method):
         children: Sequence[int],
         noise: NodeNoise,
     ) -> NodeDecision:
-        y = race_winner(target_probs, noise.log_exponentials(STREAM_RACE))
+        y = race_winner(target_probs, noise.exponentials(STREAM_RACE))
         for j, c in enumerate(children):
             if c == y:
                 return NodeDecision(j, y)
@@ -42,4 +42,4 @@ class ERSD(Method):
     def rank(
         self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise
     ) -> int | None:
-        return race_rank(draft_probs, noise.log_exponentials(STREAM_RACE), token)
+        return race_rank(draft_probs, noise.exponentials(STREAM_RACE), token)

@@ -8,7 +8,7 @@ lanes (``min_k S^(k)_i ~ Exp(K)`` i.i.d. over ``i``, so ``Y ~ p`` exactly); the 
 to ``Y`` is accepted, otherwise ``Y`` is emitted.  No coin and no residual.  A one-child GLS chain
 is ERSD's chain.  Drafter invariant only conditionally on the drafts.
 
-Hooks: ``lane_stream``, ``lane_log_exponentials``, ``target_log_exponentials``, ``draft``.
+Hooks: ``lane_stream``, ``lane_exponentials``, ``target_exponentials``, ``draft``.
 """
 
 from __future__ import annotations
@@ -32,21 +32,21 @@ class GumbelListSampling(Method):
         """Noise stream of lane ``lane`` (lane 0 is the shared race)."""
         return STREAM_RACE if lane == 0 else STREAM_DRAFT + lane
 
-    def lane_log_exponentials(self, noise: NodeNoise, lane: int) -> torch.Tensor:
-        return noise.log_exponentials(self.lane_stream(lane))
+    def lane_exponentials(self, noise: NodeNoise, lane: int) -> torch.Tensor:
+        return noise.exponentials(self.lane_stream(lane))
 
-    def target_log_exponentials(self, noise: NodeNoise, num_lanes: int) -> torch.Tensor:
-        """``log min_k S^(k)`` over lanes ``0 .. num_lanes - 1`` (elementwise)."""
-        out = self.lane_log_exponentials(noise, 0)
+    def target_exponentials(self, noise: NodeNoise, num_lanes: int) -> torch.Tensor:
+        """``min_k S^(k)`` over lanes ``0 .. num_lanes - 1`` (elementwise)."""
+        out = self.lane_exponentials(noise, 0)
         for lane in range(1, num_lanes):
-            out = torch.minimum(out, self.lane_log_exponentials(noise, lane))
+            out = torch.minimum(out, self.lane_exponentials(noise, lane))
         return out
 
     # --- rules ---------------------------------------------------------------------------------
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         return [
-            race_winner(draft_probs, self.lane_log_exponentials(noise, k))
+            race_winner(draft_probs, self.lane_exponentials(noise, k))
             for k in range(num_children)
         ]
 
@@ -57,7 +57,7 @@ class GumbelListSampling(Method):
         children: Sequence[int],
         noise: NodeNoise,
     ) -> NodeDecision:
-        y = race_winner(target_probs, self.target_log_exponentials(noise, max(len(children), 1)))
+        y = race_winner(target_probs, self.target_exponentials(noise, max(len(children), 1)))
         for j, c in enumerate(children):
             if c == y:
                 return NodeDecision(j, y)

@@ -30,7 +30,7 @@ class RRSWithoutReplacement(RecursiveRejection):
     draft_stream: int = STREAM_DRAFT
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
-        return race_ranking(draft_probs, noise.log_exponentials(self.draft_stream), num_children)
+        return race_ranking(draft_probs, noise.exponentials(self.draft_stream), num_children)
 
     def next_draft_probs(self, draft_probs: torch.Tensor, token: int) -> torch.Tensor:
         """``q`` with ``token`` removed and renormalised (all zeros if nothing is left)."""

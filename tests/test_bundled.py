@@ -20,6 +20,8 @@ from ersd.errors import ModelLoadError
 from ersd.models import bundled
 from ersd.models.bundled import BundledModel, Chunk
 
+_REAL_CONVERT = bundled._convert
+
 CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second part " * 500, b"tail"]
 DATA = b"".join(CHUNKS)
 
@@ -212,11 +214,22 @@ def test_folder_without_marker_is_not_used(env) -> None:
     model = bundled.get_bundled("fake-3part")
     half = bundled.prepared_dir(model)
     half.mkdir(parents=True)
-    (half / "config.json").write_text("{}")  # a half-written folder from an old crash
+    (half / "stale.bin").write_text("half-written")
     assert not bundled.status("fake-3part").prepared
-    with pytest.raises(FileExistsError):  # the fake conversion refuses to write over it
-        bundled.prepare("fake-3part", progress=False)
+    assert bundled.prepare("fake-3part", progress=False) == half
     assert ("convert", "fake-3part") in env["calls"]
+    assert not (half / "stale.bin").exists()
+    assert bundled.status("fake-3part").prepared
+
+
+def test_failed_conversion_leaves_nothing(env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real conversion on a file transformers cannot read: clear error, no folder kept."""
+    monkeypatch.setattr(bundled, "_convert", _REAL_CONVERT)
+    with pytest.raises(ModelLoadError, match="could not read the GGUF file of 'fake-single'"):
+        bundled.prepare("fake-single", progress=False)
+    models_dir = env["cache"] / "models"
+    assert list(models_dir.iterdir()) == []  # neither the folder nor a .tmp-* leftover
+    assert not bundled.status("fake-single").prepared
 
 
 def test_cache_dir_argument_and_env(env, tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ BUNDLED: dict[str, BundledModel] = {
             size_bytes=491_424_640,
             tokenizer="Qwen2.5, 151,936 tokens",
             save_dtype="float32",
-            converted_bytes=2_000_000_000,
+            converted_bytes=2_600_000_000,
             license="Apache-2.0",
         ),
         BundledModel(
@@ -577,6 +577,8 @@ def prepare(
     if is_prepared(dest):
         return dest
     gguf = assemble(name, progress=progress, cache_dir=cache_dir)
+    if dest.exists():  # no marker: not ours to trust (made by hand, or an old ersd); redo it
+        shutil.rmtree(dest)
     _convert(model, gguf, dest, progress)
     if not keep_gguf and gguf == _assembled_path(model, cache_dir):
         gguf.unlink(missing_ok=True)

@@ -52,8 +52,8 @@ def sample_categorical(weights: torch.Tensor, u: float) -> int:
             "cannot sample from an all-zero distribution; the probabilities passed to the "
             "verification method must have positive mass"
         )
-    t = torch.tensor([u * total], dtype=torch.float64, device=cdf.device)
-    i = int(torch.searchsorted(cdf, t, right=True).item())
+    # first index whose cumulative weight exceeds u * total (cdf is non-decreasing)
+    i = int((cdf <= u * total).sum())
     if i >= w.numel():  # u * total rounded up to total: take the last token with mass
         i = int(torch.nonzero(w > 0)[-1].item())
     return i

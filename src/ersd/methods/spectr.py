@@ -41,31 +41,60 @@ def _beta(p: torch.Tensor, q: torch.Tensor, rho: float) -> float:
 
 
 def spectr_rho(
-    target_probs: torch.Tensor, draft_probs: torch.Tensor, num_drafts: int, tol: float = 1e-12
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, num_drafts: int, tol: float = 1e-13
 ) -> float:
     """Smallest ``rho`` in ``[1, K]`` with ``rho * beta(rho) >= 1 - (1 - beta(rho))^K``.
 
-    Bisection on the tokens where ``p`` or ``q`` is positive; the returned value always satisfies
-    the inequality (it is the upper end of the final bracket).
+    ``f(rho) = rho * beta(rho) - 1 + (1 - beta(rho))^K`` is continuous and non-decreasing.  Only
+    tokens with ``1 < p/q < K`` change sides in ``min(q, p / rho)`` on ``[1, K]``; they are sorted
+    by ``p/q`` (the rest of the vocabulary is summed once), ``f`` is evaluated at every such
+    breakpoint at once, and the root is bisected with scalar arithmetic inside the bracketing
+    interval, where ``beta(rho) = A + B / rho``.  The returned value always satisfies the
+    inequality (the upper end of the final bracket).
     """
     k = max(int(num_drafts), 1)
-    support = (target_probs > 0) | (draft_probs > 0)
-    p = target_probs[support].to(torch.float64)
-    q = draft_probs[support].to(torch.float64)
-
-    def ok(rho: float) -> bool:
-        b = _beta(p, q, rho)
-        return rho * b >= 1.0 - (1.0 - b) ** k
-
-    if k == 1 or ok(1.0):
+    if k == 1:
         return 1.0
-    lo, hi = 1.0, float(k)
+    p = target_probs.to(torch.float64)
+    q = draft_probs.to(torch.float64)
+    ratio = torch.where(q > 0, p / q, torch.full_like(p, float("inf")))
+    low = ratio <= 1.0  # min(q, p / rho) = p / rho for every rho >= 1
+    high = ratio >= k  # min(q, p / rho) = q for every rho <= K
+    mid = ~(low | high)
+    b0 = float(p[low].sum())
+    a0 = float(q[high].sum())
+    order = torch.argsort(ratio[mid])
+    t = ratio[mid][order]
+    pm = p[mid][order]
+    qm = q[mid][order]
+
+    def f(rho: float, a: float, b: float) -> float:
+        beta = min(max(a + b / rho, 0.0), 1.0)
+        return rho * beta - 1.0 + (1.0 - beta) ** k
+
+    # on (t[j-1], t[j]]: A = a0 + sum_{i >= j} q_i, B = b0 + sum_{i < j} p_i  (t[-1] := 1)
+    a_sum = a0 + torch.flip(torch.cumsum(torch.flip(qm, [0]), 0), [0])  # sum_{i >= j} q_i
+    b_sum = b0 + torch.cumsum(pm, 0) - pm  # sum_{i < j} p_i
+    if f(1.0, a0 + float(qm.sum()), b0) >= 0.0:
+        return 1.0
+    beta_t = (a_sum + b_sum / t).clamp(0.0, 1.0)
+    f_t = t * beta_t - 1.0 + (1.0 - beta_t) ** k
+    hits = torch.nonzero(f_t >= 0.0).flatten()
+    if hits.numel() > 0:
+        j = int(hits[0])
+        lo = float(t[j - 1]) if j > 0 else 1.0
+        hi = float(t[j])
+        a, b = float(a_sum[j]), float(b_sum[j])
+    else:
+        lo = float(t[-1]) if t.numel() > 0 else 1.0
+        hi = float(k)
+        a, b = a0, b0 + float(pm.sum())
     while hi - lo > tol * hi:
-        mid = 0.5 * (lo + hi)
-        if ok(mid):
-            hi = mid
+        m = 0.5 * (lo + hi)
+        if f(m, a, b) >= 0.0:
+            hi = m
         else:
-            lo = mid
+            lo = m
     return hi
 
 

@@ -148,7 +148,7 @@ def exact_law(
     elif isinstance(method, SpecHub):
         a_tok = method.hub(q)
         pi = method.pair_probs(q, a_tok)
-        pairs = _hub_pairs(q, a_tok) if k == 2 else ([[x], float(q[x])] for x in range(q.numel()))
+        pairs = _hub_pairs(q, a_tok) if k == 2 else _iid_tuples(q, 1)
         for children, prob in pairs:
             if len(children) == 1:
                 x = children[0]

@@ -1,0 +1,426 @@
+"""The Hugging Face adapter: tree scoring on a KV cache equals plain forwards of each path.
+
+Tiny random-weight Llama and Qwen2 models (float32, fixed torch seeds) check the cache, the 4-D
+tree masks, the position ids and the commit surgery against a plain no-cache forward of every
+root-to-leaf sequence; end to end, ERSD with a draft must give exactly the tokens of target-only
+race sampling (drafter invariance), and temperature 0 must give transformers' greedy ``generate``.
+Tests marked ``realmodel`` repeat the end-to-end checks on the bundled SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+import ersd
+from ersd.errors import (
+    GenerationInputError,
+    ModelLoadError,
+    VocabularyMismatchError,
+)
+from ersd.models import hf
+from ersd.models.hf import HFModel, HFSession, from_pretrained_model
+
+V = 320
+ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Any:
+    """Tiny matrices: intra-op threads only add synchronisation (10x slower on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config(arch: str, vocab: int = V, layers: int = 2) -> Any:
+    common: dict[str, Any] = dict(
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,  # peaked logits: greedy comparisons without near-ties
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common)
+    return Qwen2Config(**common)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, attn: str = "sdpa", **kw: Any) -> Any:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **kw), attn_implementation=attn)
+    return model.eval()
+
+
+MODELS: dict[str, Callable[[], Any]] = {
+    "llama-sdpa": lambda: tiny_model("llama", 0, "sdpa"),
+    "llama-eager": lambda: tiny_model("llama", 0, "eager"),
+    "qwen2-sdpa": lambda: tiny_model("qwen2", 1, "sdpa"),
+    "qwen2-eager": lambda: tiny_model("qwen2", 1, "eager"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request: pytest.FixtureRequest) -> Any:
+    return MODELS[request.param]()
+
+
+def plain_logits(model: Any, seq: list[int]) -> torch.Tensor:
+    """Next-token logits after ``seq`` from a plain forward without cache."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([seq])).logits[0, -1].float()
+
+
+class Checker:
+    """Drives an HFSession and checks every returned row against a plain forward."""
+
+    def __init__(self, model: Any, session: HFSession) -> None:
+        self.model = model
+        self.session = session
+        self.ptok: list[int] = []
+        self.ppar: list[int] = []
+        self.worst = 0.0
+
+    def seq(self, node: int) -> list[int]:
+        out: list[int] = []
+        while node >= 0:
+            out.append(self.ptok[node])
+            node = self.ppar[node]
+        return self.session.committed + out[::-1]
+
+    def score(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        first = len(self.ptok)
+        rows = self.session.score(tokens, parents)
+        self.ptok += tokens
+        self.ppar += parents
+        assert rows.shape == (1 + len(tokens), V) and rows.dtype == torch.float32
+        seqs = [self.session.committed] + [self.seq(first + i) for i in range(len(tokens))]
+        for row, seq in zip(rows, seqs, strict=True):
+            err = (row - plain_logits(self.model, seq)).abs().max().item()
+            self.worst = max(self.worst, err)
+            assert err < ATOL, f"row for {seq} off by {err}"
+        return rows
+
+    def commit(self, tokens: list[int], path: list[int]) -> None:
+        self.session.commit(tokens, path)
+        self.ptok, self.ppar = [], []
+        assert self.session.cache_length <= len(self.session.committed)
+
+
+TREES = {
+    "chain": [-1, 0, 1, 2, 3],
+    "wide": [-1] * 8,
+    "deep": [-1, 0, 1, 2, 3, 4, 5, 6, 7, 3, 9, 0],
+    "bushy": [-1, -1, 0, 0, 1, 1, 2, 2, 3, 5],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TREES))
+def test_one_forward_tree_rows_equal_path_forwards(model: Any, shape: str) -> None:
+    hm = from_pretrained_model(model)
+    sess = hm.start([3, 1, 4, 1, 5, 9])
+    chk = Checker(model, sess)
+    parents = TREES[shape]
+    rng = random.Random(len(parents))
+    calls = hm.forward_calls
+    chk.score([rng.randrange(V) for _ in parents], parents)
+    assert hm.forward_calls == calls + 1  # the prompt and the whole tree in ONE forward
+    assert sess.cache_length == 6 + len(parents)
+
+
+def random_tree(rng: random.Random, num_pending: int, n: int) -> list[int]:
+    parents: list[int] = []
+    for i in range(n):
+        parents.append(rng.randrange(-1, num_pending + i))
+    return parents
+
+
+def random_path(rng: random.Random, parents: list[int]) -> list[int]:
+    """A root-down chain of pending nodes, possibly stopping before a leaf."""
+    path: list[int] = []
+    prev = -1
+    while True:
+        kids = [i for i, p in enumerate(parents) if p == prev]
+        if not kids or rng.random() < 0.2:
+            return path
+        prev = rng.choice(kids)
+        path.append(prev)
+
+
+def run_random_session(model: Any, hm: HFModel, seed: int, steps: int = 8) -> Checker:
+    rng = random.Random(seed)
+    sess = hm.start([rng.randrange(V) for _ in range(rng.randrange(1, 9))])
+    chk = Checker(model, sess)
+    for _ in range(steps):
+        if rng.random() < 0.5:  # drafter style: root first, then level by level
+            chk.score([], [])
+            for _level in range(rng.randrange(1, 4)):
+                level = [p for p in random_tree(rng, len(chk.ptok), rng.randrange(1, 4))]
+                chk.score([rng.randrange(V) for _ in level], level)
+        else:  # target style: the whole tree in one call
+            parents = random_tree(rng, 0, rng.randrange(0, 9))
+            chk.score([rng.randrange(V) for _ in parents], parents)
+        path = random_path(rng, chk.ppar)
+        extra = [rng.randrange(V) for _ in range(rng.choice([0, 1, 1, 2]))]
+        chk.commit([chk.ptok[i] for i in path] + extra, path)
+    chk.score([], [])
+    return chk
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_multi_step_sessions_with_commits(model: Any, seed: int) -> None:
+    hm = from_pretrained_model(model)
+    chk = run_random_session(model, hm, seed)
+    assert hm.tree_attention == "mask"
+    assert chk.session.cache_length == len(chk.session.committed)
+
+
+def test_commit_of_every_token_keeps_the_root_row(model: Any) -> None:
+    """A commit whose path covers all its tokens needs no new forward for the root row."""
+    hm = from_pretrained_model(model)
+    chk = Checker(model, hm.start([7, 8]))
+    chk.score([11, 12, 13], [-1, 0, -1])
+    chk.commit([11, 12], [0, 1])
+    calls = hm.forward_calls
+    chk.score([], [])
+    assert hm.forward_calls == calls
+    chk.commit([], [])
+    chk.score([5], [-1])
+    chk.score([], [])  # the root row is cached
+    chk.commit([5], [0])
+    chk.score([6, 7], [-1, -1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_paths_fallback_matches(seed: int) -> None:
+    model = MODELS["llama-sdpa"]()
+    hm = from_pretrained_model(model, tree_attention="paths")
+    run_random_session(model, hm, seed)
+
+
+def _reject_4d_masks(model: Any, ignore: bool) -> None:
+    forward = model.forward
+
+    def patched(*args: Any, attention_mask: Any = None, **kw: Any) -> Any:
+        if attention_mask is not None and attention_mask.dim() == 4:
+            if not ignore:
+                raise ValueError("custom 4-D masks are not supported")
+            attention_mask = None
+        return forward(*args, attention_mask=attention_mask, **kw)
+
+    model.forward = patched
+
+
+@pytest.mark.parametrize("ignore", [False, True], ids=["raises", "ignores"])
+def test_architecture_without_custom_masks_falls_back_once(ignore: bool) -> None:
+    model = MODELS["qwen2-sdpa"]()
+    _reject_4d_masks(model, ignore)
+    hm = from_pretrained_model(model)
+    with pytest.warns(RuntimeWarning, match="root-to-leaf path per batch row"):
+        chk = run_random_session(model, hm, seed=5, steps=4)
+    assert hm.tree_attention == "paths"
+    assert chk.worst < ATOL
+    run_random_session(model, hm, seed=6, steps=3)  # no second warning (warnings are errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[HFModel, HFModel]:
+    target = from_pretrained_model(tiny_model("llama", 0))
+    # a related draft: the target's first layer only (shares the embedding and head)
+    torch.manual_seed(0)
+    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
+    draft_model.load_state_dict(target.model.state_dict(), strict=False)
+    return target, from_pretrained_model(draft_model.eval())
+
+
+TREE_SPECS = ["chain:3", "multi:2x2", "paths:[[0],[1],[0,0],[1,0],[0,0,0]]"]
+
+
+@pytest.mark.parametrize("tree", TREE_SPECS)
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=20)], ids=["t1", "t07k20"]
+)
+def test_ersd_is_drafter_invariant_end_to_end(pair, tree: str, sampling: dict) -> None:
+    target, draft = pair
+    prompt = [5, 17, 42]
+    for seed in (0, 1):
+        alone = ersd.generate(target, None, prompt, max_new_tokens=24, seed=seed, **sampling)
+        spec = ersd.generate(
+            target,
+            draft,
+            prompt,
+            max_new_tokens=24,
+            seed=seed,
+            method="ersd",
+            tree=tree,
+            **sampling,
+        )
+        assert spec.tokens == alone.tokens
+        assert spec.target_calls < alone.target_calls  # some drafts were accepted
+
+
+def test_perfect_draft_accepts_whole_trees(pair) -> None:
+    target, _ = pair
+    twin = from_pretrained_model(target.model)
+    res = ersd.generate(target, twin, [1, 2], max_new_tokens=30, tree="chain:4", seed=3)
+    alone = ersd.generate(target, None, [1, 2], max_new_tokens=30, seed=3)
+    assert res.tokens == alone.tokens
+    assert res.block_efficiency == 5.0
+
+
+@pytest.mark.parametrize("tree", [None, *TREE_SPECS])
+def test_greedy_equals_transformers_generate(pair, tree: str | None) -> None:
+    target, draft = pair
+    prompt = [9, 8, 7, 6]
+    with torch.no_grad():
+        ref = target.model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=20, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+    res = ersd.generate(
+        target,
+        draft if tree else None,
+        prompt,
+        max_new_tokens=20,
+        temperature=0,
+        tree=tree or "chain:1",
+    )
+    assert res.tokens == ref
+
+
+def test_caches_never_outgrow_the_committed_sequence(pair) -> None:
+    target, draft = pair
+    sessions: list[HFSession] = []
+    for m in (target, draft):
+        start = m.start
+
+        def recording(prompt: Any, start: Any = start) -> HFSession:
+            sessions.append(start(prompt))
+            return sessions[-1]
+
+        m.start = recording  # type: ignore[method-assign]
+    try:
+        stream = ersd.generate_stream(
+            target, draft, [1, 2, 3], max_new_tokens=200, tree="multi:2x2", seed=1
+        )
+        seen = []  # (target cache, target committed, draft cache, draft committed) per step
+        for _ in stream:
+            tsess, dsess = sessions
+            seen.append(
+                (tsess.cache_length, len(tsess.committed), dsess.cache_length, len(dsess.committed))
+            )
+    finally:
+        del target.start, draft.start
+    assert len(seen) > 40
+    for tcache, tlen, dcache, dlen in seen[:-1]:  # the last step commits nothing
+        assert tcache <= tlen and dcache <= dlen
+        assert tlen - tcache == 1  # only the bonus token is waiting to be fed
+    assert seen[-2][1] > 150
+
+
+def test_prompt_longer_than_context_is_rejected(pair) -> None:
+    target, _ = pair
+    with pytest.raises(GenerationInputError, match="context window is 512"):
+        target.start(list(range(600)))
+    sess = target.start(list(range(510)))
+    with pytest.raises(GenerationInputError, match="exceeds the model's context window"):
+        sess.score([1, 2, 3], [-1, 0, 1])
+
+
+def test_vocab_size_is_the_logits_width() -> None:
+    model = tiny_model("qwen2", 0, vocab=V)
+    hm = from_pretrained_model(model, tokenizer=_tokenizer(V - 20))
+    assert hm.vocab_size == V == hm.start([1]).score([], []).shape[1]
+
+
+def test_bfloat16_tree_rows_are_close() -> None:
+    model = tiny_model("llama", 0).to(torch.bfloat16)
+    hm = from_pretrained_model(model)
+    rows = hm.start([1, 2, 3]).score([4, 5, 6], [-1, -1, 1])
+    assert rows.dtype == torch.float32
+    for i, seq in enumerate([[1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 5, 6]]):
+        assert (rows[i] - plain_logits(model, seq)).abs().max().item() < 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# loading and bad input
+
+
+def _tokenizer(n: int) -> Any:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(n)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", 0).save_pretrained(folder)
+    _tokenizer(V).save_pretrained(folder)
+    return folder
+
+
+def test_load_model_from_folder_with_overrides(saved: Path) -> None:
+    full = ersd.load_model(str(saved))
+    assert isinstance(full, HFModel) and full.vocab_size == V
+    assert full.tokenizer.encode("w5 w7") == [5, 7]
+    draft = ersd.load_model(str(saved), num_hidden_layers=1, dtype="bfloat16")
+    assert draft.model.config.num_hidden_layers == 1 and draft.dtype == torch.bfloat16
+    full.same_tokenizer(draft)
+    res = ersd.generate(full, draft, [5, 7], max_new_tokens=6, seed=0, tree="chain:2")
+    assert res.tokens == ersd.generate(full, None, [5, 7], max_new_tokens=6, seed=0).tokens
+
+
+def test_load_model_bad_input(saved: Path) -> None:
+    with pytest.raises(ModelLoadError, match="unsupported dtype 'float8'.*bfloat16"):
+        ersd.load_model(str(saved), dtype="float8")
+    with pytest.raises(ModelLoadError, match=r"unknown model 'gpt-17'.*smollm2-135m.*network"):
+        ersd.load_model("gpt-17")
+    with pytest.raises(ModelLoadError, match="unknown config overrides.*num_hiden_layers"):
+        ersd.load_model(str(saved), num_hiden_layers=1)
+
+
+def test_memory_hint(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hf, "_available_memory", lambda: 1000)
+    with pytest.warns(ResourceWarning, match="only 0.0 GiB of memory is available.*bfloat16"):
+        ersd.load_model(str(saved))
+
+
+def test_same_tokenizer_rejects_different_vocabularies() -> None:
+    a = from_pretrained_model(tiny_model("llama", 0), _tokenizer(V))
+    b = from_pretrained_model(tiny_model("llama", 1), _tokenizer(V))
+    a.same_tokenizer(b)
+    other = _tokenizer(V)
+    other.add_tokens(["zzz"])
+    c = from_pretrained_model(tiny_model("llama", 1), other)
+    with pytest.raises(VocabularyMismatchError, match="tokenizers differ.*family"):
+        a.same_tokenizer(c)
+    d = from_pretrained_model(tiny_model("llama", 1, vocab=V + 8), _tokenizer(V))
+    with pytest.raises(VocabularyMismatchError, match="320 and 328 columns"):
+        a.same_tokenizer(d)

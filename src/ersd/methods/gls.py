@@ -46,8 +46,7 @@ class GumbelListSampling(Method):
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         return [
-            race_winner(draft_probs, self.lane_exponentials(noise, k))
-            for k in range(num_children)
+            race_winner(draft_probs, self.lane_exponentials(noise, k)) for k in range(num_children)
         ]
 
     def verify_node(

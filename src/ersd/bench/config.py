@@ -100,7 +100,9 @@ _SECTIONS: dict[str, type] = {
 def bundled_configs() -> list[str]:
     """Names of the configs shipped in ``ersd/configs``."""
     folder = resources.files("ersd") / "configs"
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )
 
 
 def _read(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
@@ -153,14 +155,14 @@ def _check_value(where: str, key: str, value: Any, default: Any) -> Any:
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise BenchConfigError(f'{where}.{key} must be a string (in quotes), got {value!r}')
+            raise BenchConfigError(f"{where}.{key} must be a string (in quotes), got {value!r}")
         return value
     if isinstance(default, dict):
         if not isinstance(value, dict) or not all(
             isinstance(v, list) and all(isinstance(s, str) for s in v) for v in value.values()
         ):
             raise BenchConfigError(
-                f'{where}.{key} must be a table of string lists, e.g. {key} = {{ ersd = '
+                f"{where}.{key} must be a table of string lists, e.g. {key} = {{ ersd = "
                 f'["paths:[[0],[1],[0,0]]"] }}'
             )
         return {str(k): list(v) for k, v in value.items()}
@@ -250,11 +252,17 @@ def _validate(cfg: BenchConfig) -> None:
         )
     from ersd.bench.trees import resolve_tree
 
-    for specs in r.trees.values():
+    for method, specs in r.trees.items():
         for spec in specs:
             if not spec.startswith(("optimal:", "cost-aware")):
-                resolve_tree(spec)
-    resolve_tree(c.tree)
+                try:
+                    resolve_tree(spec)
+                except ErsdError as exc:
+                    raise BenchConfigError(f"run.trees.{method}: {exc}") from None
+    try:
+        resolve_tree(c.tree)
+    except ErsdError as exc:
+        raise BenchConfigError(f"calibrate.tree: {exc}") from None
 
 
 def config_from_dict(data: dict[str, Any], *, quick: bool = False, source: str = "") -> BenchConfig:

@@ -95,7 +95,9 @@ def _tiny_qwen2_pair(dtype: str) -> ModelPair:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         big = Qwen2ForCausalLM(cfg)
-        small = Qwen2ForCausalLM(Qwen2Config(**{**cfg.to_dict(), "num_hidden_layers": 1}))
+        small_cfg = cfg.to_dict()
+        small_cfg.update(num_hidden_layers=1, layer_types=small_cfg["layer_types"][:1])
+        small = Qwen2ForCausalLM(Qwen2Config(**small_cfg))
     # sharpen the random model so that sampling is not uniform noise
     with torch.no_grad():
         big.model.embed_tokens.weight.mul_(8.0)
@@ -103,7 +105,7 @@ def _tiny_qwen2_pair(dtype: str) -> ModelPair:
     tdtype = parse_dtype(dtype)
     tok = ByteTokenizer(vocab)
     for m in (big, small):
-        m.to(tdtype)
+        m.to(dtype=tdtype)  # type: ignore[call-arg]
         m.generation_config.eos_token_id = None
         m.generation_config.pad_token_id = 0
     return ModelPair(

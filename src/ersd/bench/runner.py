@@ -166,19 +166,32 @@ def calibrate(
     ]
     ersd.generate(pair.target, pair.draft, ids_list[0], max_new_tokens=4, tree=c.tree)  # warm-up
     profiles: dict[float, RankProfile] = {}
-    overheads, stats = [], {}
+    overheads: list[float] = []
+    stats: dict[str, Any] = {}
     for temp in c.temperatures:
         results = []
         for i, ids in enumerate(ids_list):
             res = ersd.generate(
-                pair.target, pair.draft, ids, max_new_tokens=c.max_new_tokens, method="ersd",
-                tree=c.tree, temperature=temp, seed=10_000 + i, eos_token_id=_eos(cfg, pair),
+                pair.target,
+                pair.draft,
+                ids,
+                max_new_tokens=c.max_new_tokens,
+                method="ersd",
+                tree=c.tree,
+                temperature=temp,
+                seed=10_000 + i,
+                eos_token_id=_eos(cfg, pair),
             )
             results.append(res)
             overheads.extend(s.other_time for s in res.steps)
         prof = RankProfile.from_results(
-            results, vocab_size=pair.target.vocab_size, temperature=temp, tree=c.tree,
-            prompts=[p.id for p in prompts], target=cfg.models.target, draft=cfg.models.draft,
+            results,
+            vocab_size=pair.target.vocab_size,
+            temperature=temp,
+            tree=c.tree,
+            prompts=[p.id for p in prompts],
+            target=cfg.models.target,
+            draft=cfg.models.draft,
             dtype=cfg.models.dtype,
         )
         profiles[temp] = prof
@@ -271,8 +284,8 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
                 return
             choice = "cost-aware"
             spec = _nearest(cal.choices, temperature)["cost_aware"]["spec"]
-        shape = resolve_tree(spec, depth_probs) if spec.startswith("optimal:") else resolve_tree(
-            spec
+        shape = (
+            resolve_tree(spec, depth_probs) if spec.startswith("optimal:") else resolve_tree(spec)
         )
         ersd.get_method(method).check_shape(shape)
         key = (method, shape.paths)
@@ -328,35 +341,73 @@ def _result_fields(res: ersd.GenerationResult, method: str) -> dict[str, Any]:
 
 
 def run_entry(
-    entry: Entry, pair: ModelPair, ids: list[int], temperature: float, seed: int,
-    max_new_tokens: int, eos: list[int] | None,
+    entry: Entry,
+    pair: ModelPair,
+    ids: list[int],
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    eos: list[int] | None,
 ) -> dict[str, Any]:
     """Run one configuration on one prompt; the measured fields of its record."""
     if entry.method == "target-only":
-        res = ersd.generate(pair.target, None, ids, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, eos_token_id=eos)
+        res = ersd.generate(
+            pair.target,
+            None,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_token_id=eos,
+        )
         return _result_fields(res, entry.method)
     if entry.method == "target-only-2tok":
-        res = target_only_two_token(pair.target, ids, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, seed=seed, eos_token_id=eos)
+        res = target_only_two_token(
+            pair.target,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_token_id=eos,
+        )
         return _result_fields(res, entry.method)
     if entry.method == "hf-assisted":
         assert entry.k is not None
-        return hf_assisted(pair.target, pair.draft, ids, max_new_tokens=max_new_tokens,
-                           temperature=temperature, seed=seed, num_assistant_tokens=entry.k,
-                           eos_token_id=eos)
+        return hf_assisted(
+            pair.target,
+            pair.draft,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            num_assistant_tokens=entry.k,
+            eos_token_id=eos,
+        )
     assert entry.shape is not None
-    res = ersd.generate(pair.target, pair.draft, ids, max_new_tokens=max_new_tokens,
-                        method=entry.method, tree=entry.shape, temperature=temperature,
-                        seed=seed, eos_token_id=eos)
+    res = ersd.generate(
+        pair.target,
+        pair.draft,
+        ids,
+        max_new_tokens=max_new_tokens,
+        method=entry.method,
+        tree=entry.shape,
+        temperature=temperature,
+        seed=seed,
+        eos_token_id=eos,
+    )
     return _result_fields(res, entry.method)
 
 
 def _progress(total: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="run", disable=not enabled, dynamic_ncols=True,
-                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+    return tqdm(
+        total=total,
+        unit="run",
+        disable=not enabled,
+        dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}",
+    )
 
 
 def run_bench(
@@ -392,14 +443,19 @@ def run_bench(
     if calibration is not None and calibration.costs is None and cfg.run.cost_aware:
         log("[bench] the profile file has no cost curves: measuring them now")
         prompts = load_prompts(cfg.prompts.sets, "calib", 1)
-        ids0 = encode_prompt(pair.tokenizer, prompts[0], cfg.prompts.template,
-                             cfg.prompts.max_prompt_tokens)
-        calibration.costs = measure_costs(pair.target, pair.draft, ids0, cfg.calibrate.cost_sizes,
-                                          cfg.calibrate.cost_repeats)
+        ids0 = encode_prompt(
+            pair.tokenizer, prompts[0], cfg.prompts.template, cfg.prompts.max_prompt_tokens
+        )
+        calibration.costs = measure_costs(
+            pair.target, pair.draft, ids0, cfg.calibrate.cost_sizes, cfg.calibrate.cost_repeats
+        )
         for temp in calibration.profiles:
             calibration.choices[temp] = choose_trees(
-                calibration.depth_probs(temp), calibration.costs, cfg.run.budgets,
-                cfg.calibrate.max_candidate_nodes)
+                calibration.depth_probs(temp),
+                calibration.costs,
+                cfg.run.budgets,
+                cfg.calibrate.max_candidate_nodes,
+            )
     prompts = load_prompts(cfg.prompts.sets, "eval", cfg.prompts.count)
     encoded = [
         encode_prompt(pair.tokenizer, p, cfg.prompts.template, cfg.prompts.max_prompt_tokens)
@@ -409,9 +465,11 @@ def run_bench(
     eos = _eos(cfg, pair)
     r = cfg.run
     total = sum(len(v) for v in plans.values()) * len(prompts) * len(r.seeds)
-    log(f"[bench] {len(prompts)} prompts x {len(r.seeds)} seeds; per temperature: "
+    log(
+        f"[bench] {len(prompts)} prompts x {len(r.seeds)} seeds; per temperature: "
         + "; ".join(f"T={t}: {len(v)} configurations" for t, v in plans.items())
-        + f"; {total} runs of {r.max_new_tokens} tokens")
+        + f"; {total} runs of {r.max_new_tokens} tokens"
+    )
     meta = {
         "kind": "meta",
         "record_version": RECORD_VERSION,
@@ -419,8 +477,10 @@ def run_bench(
         "run": run_metadata(cfg, pair),
         "calibration": calibration.to_dict() if calibration else None,
         "plans": {str(t): [_entry_meta(e) for e in v] for t, v in plans.items()},
-        "prompts": [{"id": p.id, "set": p.set, "domain": p.domain, "tokens": len(ids)}
-                    for p, ids in zip(prompts, encoded, strict=True)],
+        "prompts": [
+            {"id": p.id, "set": p.set, "domain": p.domain, "tokens": len(ids)}
+            for p, ids in zip(prompts, encoded, strict=True)
+        ],
     }
     with out.open("w") as fh:
         _write(fh, meta)
@@ -445,8 +505,9 @@ def run_bench(
                     for e in rotated:
                         bar.set_postfix_str(f"{prompt.id} T={temp} s={seed} {e.label}")
                         fields = run_entry(e, pair, ids, temp, seed, r.max_new_tokens, eos)
-                        _write(fh, _record(e, prompt, ids, temp, seed, r.max_new_tokens, order,
-                                           fields))
+                        _write(
+                            fh, _record(e, prompt, ids, temp, seed, r.max_new_tokens, order, fields)
+                        )
                         order += 1
                         bar.update()
         bar.close()
@@ -467,8 +528,14 @@ def _entry_meta(e: Entry) -> dict[str, Any]:
 
 
 def _record(
-    e: Entry, prompt: Prompt, ids: list[int], temp: float, seed: int, max_new_tokens: int,
-    order: int, fields: dict[str, Any],
+    e: Entry,
+    prompt: Prompt,
+    ids: list[int],
+    temp: float,
+    seed: int,
+    max_new_tokens: int,
+    order: int,
+    fields: dict[str, Any],
 ) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "kind": "result",

@@ -1,0 +1,182 @@
+"""``ersd bench``: calibrate, run and report benchmarks (logic lives in :mod:`ersd.bench`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from ersd.bench.config import BenchConfig
+
+
+def _echo_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _load(
+    config: str,
+    quick: bool,
+    prompts: int | None,
+    max_new_tokens: int | None,
+    temperatures: str | None,
+    seeds: str | None,
+) -> BenchConfig:
+    from ersd.bench.config import BenchConfigError, _validate, load_config
+
+    cfg = load_config(config, quick=quick)
+    try:
+        if prompts is not None:
+            cfg.prompts.count = prompts
+        if max_new_tokens is not None:
+            cfg.run.max_new_tokens = max_new_tokens
+        if temperatures:
+            cfg.run.temperatures = [float(t) for t in temperatures.split(",")]
+        if seeds:
+            cfg.run.seeds = [int(s) for s in seeds.split(",")]
+    except ValueError as exc:
+        raise BenchConfigError(
+            f"bad command-line override ({exc}); use e.g. --temperatures 0,0.7,1 --seeds 0,1"
+        ) from None
+    _validate(cfg)
+    return cfg
+
+
+_overrides = [
+    click.option("--quick", is_flag=True, help="Apply the config's [quick] overrides."),
+    click.option("--prompts", type=int, default=None, help="Evaluation prompts per set."),
+    click.option("--max-new-tokens", type=int, default=None),
+    click.option("--temperatures", default=None, help="Comma-separated, e.g. 0,0.7,1."),
+    click.option("--seeds", default=None, help="Comma-separated, e.g. 0,1."),
+]
+
+
+def _with_overrides(f: Any) -> Any:
+    for opt in reversed(_overrides):
+        f = opt(f)
+    return f
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: `calibrate` a rank profile, `run` a config, `report` its records.
+
+    Configs are TOML files; bundled ones are found by name (`ersd bench configs`).
+    """
+
+
+@bench.command("configs")
+def configs() -> None:
+    """List the bundled benchmark configs."""
+    from ersd.bench.config import bundled_configs, load_config
+
+    for name in bundled_configs():
+        click.echo(f"{name:16s} {load_config(name).description}")
+
+
+@bench.command("run")
+@click.argument("config")
+@_with_overrides
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="JSONL records file [default: bench-results/<config>.jsonl].",
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="Calibration file (from `ersd bench calibrate`) instead of calibrating here.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and exit.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def run(
+    config: str,
+    quick: bool,
+    prompts: int | None,
+    max_new_tokens: int | None,
+    temperatures: str | None,
+    seeds: str | None,
+    out: str | None,
+    profile: str | None,
+    dry_run: bool,
+    no_progress: bool,
+) -> None:
+    """Run the benchmark CONFIG (bundled name or .toml path); one JSON line per run."""
+    from ersd.errors import ErsdError
+
+    try:
+        cfg = _load(config, quick, prompts, max_new_tokens, temperatures, seeds)
+        if profile:
+            cfg.run.profile = profile
+        path = Path(out) if out else Path("bench-results") / f"{cfg.name}.jsonl"
+        if dry_run:
+            from ersd.bench.runner import Calibration, plan
+
+            cal = Calibration.load(cfg.run.profile) if cfg.run.profile else None
+            for t in cfg.run.temperatures:
+                entries = plan(cfg, t, cal)
+                click.echo(f"T={t}: {len(entries)} configurations")
+                for e in entries:
+                    click.echo(f"  {e.label}" + (f"  [{e.choice}]" if e.choice else ""))
+            if cal is None:
+                click.echo("(optimal and cost-aware trees are added after calibration)")
+            return
+        from ersd.bench.runner import run_bench
+
+        run_bench(cfg, path, progress=not no_progress, log=_echo_err)
+        click.echo(str(path))
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@bench.command("calibrate")
+@click.argument("config")
+@click.option("--quick", is_flag=True, help="Apply the config's [quick] overrides.")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Calibration JSON file (rank profiles, cost curves, tree choices).",
+)
+@click.option("--no-costs", is_flag=True, help="Only the rank profile; skip timing forwards.")
+def calibrate_cmd(config: str, quick: bool, out: str, no_costs: bool) -> None:
+    """Measure the ERSD rank profile (per depth) and forward costs on the calibration split."""
+    from ersd.bench.config import load_config
+    from ersd.bench.runner import calibrate
+    from ersd.errors import ErsdError
+
+    try:
+        cfg = load_config(config, quick=quick)
+        cal = calibrate(cfg, log=_echo_err, measure_cost=not no_costs)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        cal.save(out)
+        click.echo(json.dumps({"out": out, **cal.meta.get("stats", {})}))
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@bench.command("report")
+@click.argument("records", nargs=-1, required=True, type=click.Path())
+@click.option(
+    "--out-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where report.md, summary.json and the PNGs go [default: next to RECORDS].",
+)
+def report(records: tuple[str, ...], out_dir: str | None) -> None:
+    """Aggregate RECORDS (JSONL) into a markdown table with 95% intervals and PNG figures."""
+    from ersd.bench.report import write_report
+    from ersd.errors import ErsdError
+
+    try:
+        target = out_dir or str(Path(records[0]).with_suffix("")) + "-report"
+        paths = write_report(list(records), target)
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(paths["report"].read_text())
+    click.echo(json.dumps({k: str(v) for k, v in paths.items()}))

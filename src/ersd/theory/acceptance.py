@@ -190,45 +190,69 @@ def specinfer_acceptance(target_probs: Any, draft_probs: Any, num_drafts: int) -
     return float(1.0 - specinfer_rejection_profile(target_probs, draft_probs, num_drafts)[-1])
 
 
-def rrs_wor_rejection_profile(target_probs: Any, draft_probs: Any, num_drafts: int) -> np.ndarray:
+#: largest number of rejection histories :func:`rrs_wor_rejection_profile` keeps at one depth
+RRS_WOR_MAX_STATES = 200_000
+
+
+def rrs_wor_partial_profile(
+    target_probs: Any, draft_probs: Any, num_drafts: int, max_states: int = RRS_WOR_MAX_STATES
+) -> np.ndarray:
+    """As :func:`rrs_wor_rejection_profile`, but stops before a depth whose enumeration would
+    exceed ``max_states`` histories: ``P(first j rejected)`` for ``j = 0..J``, ``J <= m``."""
+    p, q = as_pair(target_probs, draft_probs)
+    m = check_count(num_drafts, "num_drafts")
+    v = p.size
+    weights = np.ones(1)
+    cur = p[None, :].copy()
+    mask = (q > 0).astype(np.float64)[None, :]
+    out = [1.0]
+    for _ in range(m):
+        qm = q[None, :] * mask
+        total = qm.sum(axis=1)
+        done = total <= 0  # q's support exhausted: no further child, the history stays rejected
+        qj = np.where(done[:, None], 0.0, qm / np.where(done, 1.0, total)[:, None])
+        resid = np.clip(cur - qj, 0.0, None)
+        tv = resid.sum(axis=1)
+        reject_w = np.clip(qj - cur, 0.0, None)
+        reject_w[tv <= 1e-15] = 0.0  # residual empty: the draft is surely accepted
+        rows, cols = np.nonzero(reject_w > 0)
+        if rows.size + int(done.sum()) > max_states:
+            break
+        nxt = resid / np.where(tv > 0, tv, 1.0)[:, None]
+        new_w = np.concatenate([weights[rows] * reject_w[rows, cols], weights[done]])
+        new_cur = np.concatenate([nxt[rows], cur[done]])
+        new_mask = np.concatenate([mask[rows], mask[done]])
+        new_mask[np.arange(rows.size), cols] = 0.0
+        weights, cur, mask = new_w, new_cur, new_mask.reshape(-1, v)
+        out.append(float(weights.sum()))
+    return np.asarray(out)
+
+
+def rrs_wor_rejection_profile(
+    target_probs: Any, draft_probs: Any, num_drafts: int, max_states: int = RRS_WOR_MAX_STATES
+) -> np.ndarray:
     """``P(the first j drafts are all rejected)``, ``j = 0..m``, for RRS without replacement.
 
     Drafts ``x_1, x_2, ...`` are drawn without replacement from ``q`` (Gumbel-top-m); draft ``j``
     is accepted with probability ``min(1, p_j(x_j)/q_j(x_j))`` where ``q_j`` is ``q`` with the
     earlier drafts removed and renormalised and ``p_{j+1} = norm(max(p_j − q_j, 0))``.  A step
     rejects with probability ``TV(p_j, q_j)`` and, given rejection, the rejected draft has law
-    ``(q_j − p_j)_+ / TV``; the recursion enumerates only those tokens (exact; the cost grows like
-    ``V!/(V − m)!`` in the worst case, fine for ``V <= 10``).  When ``q``'s support is exhausted
-    no further child is drafted, so the profile stays flat.
+    ``(q_j − p_j)_+ / TV``; the enumeration follows only those tokens, depth by depth, one
+    history per ordered set of rejected drafts (exact; up to ``V!/(V − m)!`` histories in the
+    worst case, fine for ``V <= 10``).  When ``q``'s support is exhausted no further child is
+    drafted, so the profile stays flat.  Raises :class:`ErsdError` if a depth would need more
+    than ``max_states`` histories.
     """
-    p, q = as_pair(target_probs, draft_probs)
     m = check_count(num_drafts, "num_drafts")
-
-    def rec(cur_p: np.ndarray, mask: np.ndarray, depth: int) -> np.ndarray:
-        out = np.ones(depth + 1)
-        if depth == 0:
-            return out
-        qm = q * mask
-        total = float(qm.sum())
-        if total <= 0:
-            return out
-        qj = qm / total
-        resid = np.clip(cur_p - qj, 0.0, None)
-        tv = float(resid.sum())
-        if tv <= 1e-15:
-            out[1:] = 0.0
-            return out
-        nxt = resid / tv
-        reject_w = np.clip(qj - cur_p, 0.0, None)
-        tail = np.zeros(depth)
-        for x in np.nonzero(reject_w > 0)[0]:
-            sub_mask = mask.copy()
-            sub_mask[x] = 0.0
-            tail += reject_w[x] * rec(nxt, sub_mask, depth - 1)
-        out[1:] = tail
-        return out
-
-    return rec(p, (q > 0).astype(np.float64), m)
+    out = rrs_wor_partial_profile(target_probs, draft_probs, m, max_states)
+    if out.size < m + 1:
+        raise ErsdError(
+            f"exact rrs-wor acceptance with {m} drafts needs more than {max_states} rejection "
+            f"histories at depth {out.size} for this vocabulary ({np.size(target_probs)} "
+            f"tokens); use at most {out.size - 1} drafts, a smaller vocabulary (V <= 10), or "
+            f"raise max_states"
+        )
+    return out
 
 
 def rrs_wor_acceptance(target_probs: Any, draft_probs: Any, num_drafts: int) -> float:

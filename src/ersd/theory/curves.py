@@ -28,9 +28,13 @@ import numpy as np
 from ersd.errors import ErsdError
 from ersd.theory.acceptance import (
     ACCEPTANCE_METHODS,
+    MAX_SUBSET_VOCAB,
     acceptance_probability,
     child_index_distribution,
+    iid_optimal_acceptance,
+    rank_cdf_lower_bound,
     rank_distribution,
+    rrs_wor_partial_profile,
 )
 from ersd.theory.distributions import as_pair, check_count, kl_divergence, rank_entropy
 from ersd.theory.trees import (
@@ -82,14 +86,23 @@ def _multi_options(k: int) -> list[tuple[int, int]]:
     return [(m, n) for m in range(2, k // 2 + 1) for n in range(2, k // m + 1)]
 
 
-def _rank_curves(rank_probs: np.ndarray, ks: list[int]) -> tuple[dict[str, list[float]], dict]:
-    """chain/batch/multi/optimal for a child-index distribution (1-D, may be short)."""
+def _rank_curves(
+    rank_probs: np.ndarray, ks: list[int], known: int | None = None
+) -> tuple[dict[str, list[float]], dict]:
+    """chain/batch/multi/optimal for a child-index distribution (1-D, may be short).
+
+    ``known``: only the first ``known`` child indices have known probabilities (the rest were not
+    computed); shapes that need more children per node are NaN.
+    """
+    limit = known if known is not None else math.inf
     out: dict[str, list[float]] = {s: [] for s in SHAPES}
     best: dict[int, tuple[int, int]] = {}
     for k in ks:
         out["chain"].append(expected_block_efficiency(chain_paths(k), rank_probs))
-        out["batch"].append(expected_block_efficiency(batch_paths(k), rank_probs))
-        opts = _multi_options(k)
+        out["batch"].append(
+            expected_block_efficiency(batch_paths(k), rank_probs) if k <= limit else math.nan
+        )
+        opts = [(m, n) for m, n in _multi_options(k) if m <= limit]
         if opts:
             vals = [
                 (expected_block_efficiency(multi_paths(m, n), rank_probs), (m, n)) for m, n in opts
@@ -99,7 +112,11 @@ def _rank_curves(rank_probs: np.ndarray, ks: list[int]) -> tuple[dict[str, list[
             best[k] = mn
         else:
             out["multi"].append(math.nan)
-        out["optimal"].append(expected_block_efficiency(optimal_tree(rank_probs, k), rank_probs))
+        out["optimal"].append(
+            expected_block_efficiency(optimal_tree(rank_probs, k), rank_probs)
+            if k <= limit
+            else math.nan
+        )
     return out, best
 
 
@@ -142,14 +159,18 @@ def pair_curves(
     acceptance: dict[str, dict[str, float | None]] = {}
     for meth in methods:
         cap = min(_MAX_CHILDREN.get(meth, kmax), kmax)
+        known = None
         if meth == "ersd":
             cid: np.ndarray | None = rank
+        elif meth == "rrs-wor":  # exact enumeration as deep as it stays affordable
+            cid = -np.diff(rrs_wor_partial_profile(p, q, cap))
+            known = cid.size if cid.size < cap else None
         elif meth in _ORDERED:
             cid = child_index_distribution(p, q, cap, meth)
         else:
             cid = None
         if cid is not None:
-            curves, best = _rank_curves(cid, ks)
+            curves, best = _rank_curves(cid, ks, known)
             if meth == "sd":  # chains only
                 curves["batch"] = [curves["chain"][0]] + [math.nan] * (len(ks) - 1)
                 curves["multi"] = [math.nan] * len(ks)
@@ -176,8 +197,18 @@ def pair_curves(
             "tv": float(0.5 * np.abs(p - q).sum()),
             "kl_nats": kl_divergence(p, q),
             "acceptance": acceptance,
+            "reference": _reference_rows(p, q),
         },
     )
+
+
+def _reference_rows(p: np.ndarray, q: np.ndarray) -> dict[str, dict[str, float | None]]:
+    """The i.i.d.-draft optimum (``V <= 20``) and the lower bound on ``P(R <= m)``."""
+    rows: dict[str, dict[str, float | None]] = {}
+    if p.size <= MAX_SUBSET_VOCAB:
+        rows["iid-opt"] = {str(m): iid_optimal_acceptance(p, q, m) for m in (1, 2, 4)}
+    rows["ersd-lb"] = {str(m): rank_cdf_lower_bound(p, q, m) for m in (1, 2, 4)}
+    return rows
 
 
 def profile_curves(rank_probs: Any, vocab_size: int, max_k: int = 16) -> Curves:
@@ -198,3 +229,45 @@ def profile_curves(rank_probs: Any, vocab_size: int, max_k: int = 16) -> Curves:
         best_multi=best,
         info={"acceptance": {"ersd": {str(m): float(rank[:m].sum()) for m in (1, 2, 4)}}},
     )
+
+
+def _fmt(x: float | None, width: int = 7) -> str:
+    if x is None or not math.isfinite(x):
+        return "-".rjust(width)
+    return f"{x:{width}.3f}"
+
+
+def table_ks(max_k: int) -> list[int]:
+    """The ``k`` columns of the printed table: powers of two up to ``max_k``, and ``max_k``."""
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= max_k]
+    return ks if ks[-1] == max_k else [*ks, max_k]
+
+
+def format_tables(curves: Curves) -> str:
+    """Human-readable acceptance and tokens-per-call tables of ``curves``."""
+    lines: list[str] = []
+    acc = curves.info.get("acceptance", {})
+    if acc:
+        lines.append("node acceptance P(accept | m children)")
+        lines.append(f"  {'method':<10}" + "".join(f"{'m=' + str(m):>8}" for m in (1, 2, 4)))
+        for meth, vals in acc.items():
+            lines.append(f"  {meth:<10}" + "".join(f" {_fmt(vals.get(str(m)))}" for m in (1, 2, 4)))
+        for name, vals in curves.info.get("reference", {}).items():
+            lines.append(f"  {name:<10}" + "".join(f" {_fmt(vals.get(str(m)))}" for m in (1, 2, 4)))
+        lines.append("")
+    ks = table_ks(curves.ks[-1])
+    idx = [curves.ks.index(k) for k in ks]
+    lines.append("expected tokens per target call (i.i.d. per-node model)")
+    lines.append(f"  {'method':<10}{'tree':<9}" + "".join(f"{'k=' + str(k):>8}" for k in ks))
+    for meth, by_shape in curves.values.items():
+        for shape in SHAPES:
+            vals = by_shape[shape]
+            if not any(math.isfinite(vals[i]) for i in idx):
+                continue
+            lines.append(f"  {meth:<10}{shape:<9}" + "".join(f" {_fmt(vals[i])}" for i in idx))
+    lines.append(f"  {'bound':<19}" + "".join(f" {_fmt(curves.bound[i])}" for i in idx))
+    lines.append(f"  {'log k / H[R]':<19}" + "".join(f" {_fmt(curves.asymptote[i])}" for i in idx))
+    if curves.best_multi:
+        best = ", ".join(f"k={k}: {m}x{n}" for k, (m, n) in curves.best_multi.items() if k in ks)
+        lines.append(f"  (best multi for ERSD: {best})")
+    return "\n".join(lines)

@@ -47,8 +47,18 @@ def _fake_model(
         tokenizer="none",
         save_dtype="float32",
         converted_bytes=1000,
+        convert_peak_bytes=1000,
         license="none",
     )
+
+
+def _marker(model: BundledModel, **changes: object) -> dict[str, object]:
+    return {
+        "format": bundled.FORMAT_VERSION,
+        "sha256": model.sha256,
+        "dtype": model.save_dtype,
+        **changes,
+    }
 
 
 @pytest.fixture
@@ -104,7 +114,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         assert gguf.read_bytes() == DATA  # conversion always sees the verified GGUF
         dest.mkdir(parents=True)
         (dest / "config.json").write_text("{}")
-        (dest / bundled.MARKER).write_text(json.dumps({"sha256": model.sha256}))
+        (dest / bundled.MARKER).write_text(json.dumps(_marker(model)))
 
     monkeypatch.setattr(bundled, "_stream", stream)
     monkeypatch.setattr(bundled, "_convert", convert)
@@ -222,14 +232,42 @@ def test_folder_without_marker_is_not_used(env) -> None:
     assert bundled.status("fake-3part").prepared
 
 
-def test_failed_conversion_leaves_nothing(env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real conversion on a file transformers cannot read: clear error, no folder kept."""
+@pytest.mark.parametrize(
+    "changes", [{"dtype": "bfloat16"}, {"sha256": "1" * 64}, {"format": 0}, None]
+)
+def test_stale_marker_is_redone(env, changes: dict[str, object] | None) -> None:
+    """A folder prepared with another dtype, checksum or layout (or a garbled marker) is redone."""
+    model = bundled.get_bundled("fake-3part")
+    old = bundled.prepared_dir(model)
+    old.mkdir(parents=True)
+    text = "{not json" if changes is None else json.dumps(_marker(model, **changes))
+    (old / bundled.MARKER).write_text(text)
+    assert not bundled.status("fake-3part").prepared
+    bundled.prepare("fake-3part", progress=False)
+    assert ("convert", "fake-3part") in env["calls"]
+    assert json.loads((old / bundled.MARKER).read_text()) == _marker(model)
+
+
+def test_failed_conversion_leaves_nothing(
+    env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real conversion on a file transformers cannot read: clear error, no folder kept.
+
+    Also checks the low-memory note printed before a conversion.
+    """
     monkeypatch.setattr(bundled, "_convert", _REAL_CONVERT)
+    monkeypatch.setattr(bundled, "_available_memory", lambda: 500)
     with pytest.raises(ModelLoadError, match="could not read the GGUF file of 'fake-single'"):
-        bundled.prepare("fake-single", progress=False)
+        bundled.prepare("fake-single", progress=True)
+    assert "only 0.0 GB is available" in capsys.readouterr().err
     models_dir = env["cache"] / "models"
     assert list(models_dir.iterdir()) == []  # neither the folder nor a .tmp-* leftover
     assert not bundled.status("fake-single").prepared
+
+
+def test_available_memory_reads_meminfo() -> None:
+    available = bundled._available_memory()
+    assert available is None or available > 100_000_000
 
 
 def test_cache_dir_argument_and_env(env, tmp_path: Path) -> None:

@@ -91,6 +91,7 @@ class BundledModel:
         tokenizer: tokenizer family and vocabulary size.
         save_dtype: dtype of the converted safetensors (also the dtype the GGUF is loaded in).
         converted_bytes: approximate size of the prepared folder (for the free-disk check).
+        convert_peak_bytes: approximate peak memory (RSS) of the conversion, measured.
         license: terms the weights come under.
     """
 
@@ -106,6 +107,7 @@ class BundledModel:
     tokenizer: str
     save_dtype: str
     converted_bytes: int
+    convert_peak_bytes: int
     license: str
 
     @property
@@ -152,6 +154,7 @@ BUNDLED: dict[str, BundledModel] = {
             # float32: the exact dequantised weights; exactness tests run this model in fp32
             save_dtype="float32",
             converted_bytes=545_000_000,
+            convert_peak_bytes=1_300_000_000,
             license="Apache-2.0",
         ),
         BundledModel(
@@ -166,7 +169,8 @@ BUNDLED: dict[str, BundledModel] = {
             size_bytes=491_424_640,
             tokenizer="Qwen2.5, 151,936 tokens",
             save_dtype="float32",
-            converted_bytes=2_600_000_000,
+            converted_bytes=2_540_000_000,
+            convert_peak_bytes=4_000_000_000,
             license="Apache-2.0",
         ),
         BundledModel(
@@ -184,7 +188,8 @@ BUNDLED: dict[str, BundledModel] = {
             tokenizer="Qwen2.5, 151,936 tokens",
             # bfloat16: halves disk and the conversion's memory peak (fp32 saving peaks ~13.5 GB)
             save_dtype="bfloat16",
-            converted_bytes=3_100_000_000,
+            converted_bytes=3_570_000_000,
+            convert_peak_bytes=5_800_000_000,
             license="Apache-2.0",
         ),
         BundledModel(
@@ -204,7 +209,8 @@ BUNDLED: dict[str, BundledModel] = {
             size_bytes=253_113_024,
             tokenizer="Gemma 3, 262,144 tokens",
             save_dtype="float32",
-            converted_bytes=1_100_000_000,
+            converted_bytes=1_100_000_000,  # estimate, not measured
+            convert_peak_bytes=3_000_000_000,  # estimate, not measured
             license="Gemma terms of use (do not redistribute)",
         ),
     )
@@ -345,9 +351,27 @@ class ModelStatus:
         }
 
 
-def is_prepared(folder: Path) -> bool:
-    """Whether ``folder`` is a complete prepared folder (its marker file exists)."""
-    return (folder / MARKER).is_file()
+def is_prepared(folder: Path, model: BundledModel | None = None) -> bool:
+    """Whether ``folder`` is a complete prepared folder (of ``model``, if given).
+
+    A folder counts once its marker file exists (it is written last); given ``model``, the
+    marker must also record the same checksum, dtype and folder format, so that a change of
+    either makes the next :func:`prepare` convert again.
+    """
+    marker = folder / MARKER
+    if not marker.is_file():
+        return False
+    if model is None:
+        return True
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(
+        info.get("format") == FORMAT_VERSION
+        and info.get("sha256") == model.sha256
+        and info.get("dtype") == model.save_dtype
+    )
 
 
 def status(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> ModelStatus:
@@ -360,7 +384,7 @@ def status(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> Mod
     model = get_bundled(name)
     missing = missing_packages(model)
     folder = prepared_dir(model, cache_dir)
-    prepared = is_prepared(folder)
+    prepared = is_prepared(folder, model)
     if len(model.chunks) == 1:
         assembled = not missing
     else:
@@ -400,6 +424,18 @@ def _check_disk(folder: Path, needed: int, what: str) -> None:
             f"{free / _GB:.1f} GB free. Free some space or point ${CACHE_ENV} (or cache_dir=) at "
             "a larger disk."
         )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (``None`` where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _checksum_error(model: BundledModel, actual: str, where: str) -> ModelLoadError:
@@ -494,6 +530,14 @@ def _convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> Non
     bars_were_on = hf_logging.is_progress_bar_enabled()
     if not progress:
         hf_logging.disable_progress_bar()
+    available = _available_memory()
+    if available is not None and available < model.convert_peak_bytes:
+        _say(
+            progress,
+            f"note: converting {model.name} peaks near {model.convert_peak_bytes / _GB:.1f} GB "
+            f"of memory and only {available / _GB:.1f} GB is available; if it gets killed, close "
+            "other programs and run `ersd models prepare` again",
+        )
     start = time.perf_counter()
     try:
         _say(
@@ -538,7 +582,7 @@ def _convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> Non
         try:
             os.rename(tmp, dest)
         except OSError:
-            if not is_prepared(dest):  # not another process finishing first: a real error
+            if not is_prepared(dest, model):  # not another process finishing first: a real error
                 raise
         _say(progress, f"converted {model.name} in {seconds:.0f} s -> {dest}")
     finally:
@@ -574,10 +618,10 @@ def prepare(
     """
     model = get_bundled(name)
     dest = prepared_dir(model, cache_dir)
-    if is_prepared(dest):
+    if is_prepared(dest, model):
         return dest
     gguf = assemble(name, progress=progress, cache_dir=cache_dir)
-    if dest.exists():  # no marker: not ours to trust (made by hand, or an old ersd); redo it
+    if dest.exists():  # no matching marker: half-written, or from an older ersd; redo it
         shutil.rmtree(dest)
     _convert(model, gguf, dest, progress)
     if not keep_gguf and gguf == _assembled_path(model, cache_dir):

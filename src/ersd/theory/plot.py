@@ -28,6 +28,13 @@ _TITLES = {
     "optimal": "optimal k-node tree (i.i.d. ranks)",
 }
 
+_NOTES = {
+    "chain": "one child per node: sd, specinfer, rrs-wor, spectr, spechub\n"
+    "coincide (1 − TV per node); gls coincides with ersd",
+    "optimal": "optimal trees exist for methods that try children in order\n"
+    "(ersd, specinfer, rrs-wor; sd = chain)",
+}
+
 
 def plot_curves(curves: Curves, path: str | Path, title: str = "") -> Path:
     """Write the 2×2 figure of ``curves`` to ``path`` (PNG) and return the path."""
@@ -67,6 +74,17 @@ def plot_curves(curves: Curves, path: str | Path, title: str = "") -> Path:
                 transform=ax.transAxes,
                 ha="right",
                 va="top",
+                fontsize=8,
+                color="0.3",
+            )
+        if shape in _NOTES:
+            ax.text(
+                0.98,
+                0.03,
+                _NOTES[shape],
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
                 fontsize=8,
                 color="0.3",
             )

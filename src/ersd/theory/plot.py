@@ -77,7 +77,7 @@ def plot_curves(curves: Curves, path: str | Path, title: str = "") -> Path:
                 fontsize=8,
                 color="0.3",
             )
-        if shape in _NOTES:
+        if shape in _NOTES and len(curves.values) > 1:
             ax.text(
                 0.98,
                 0.03,

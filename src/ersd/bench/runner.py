@@ -155,6 +155,7 @@ def calibrate(
     pair: ModelPair | None = None,
     log: Callable[[str], None] = print,
     measure_cost: bool = True,
+    progress: bool = False,
 ) -> Calibration:
     """Measure rank profiles (per calibration temperature) and forward costs; choose trees."""
     pair = pair or load_pair(cfg.models)
@@ -165,12 +166,15 @@ def calibrate(
         for p in prompts
     ]
     ersd.generate(pair.target, pair.draft, ids_list[0], max_new_tokens=4, tree=c.tree)  # warm-up
+    bar = _progress(len(c.temperatures) * len(ids_list) + int(measure_cost), progress)
+    bar.set_description("calibrate")
     profiles: dict[float, RankProfile] = {}
     overheads: list[float] = []
     stats: dict[str, Any] = {}
     for temp in c.temperatures:
         results = []
         for i, ids in enumerate(ids_list):
+            bar.set_postfix_str(f"T={temp} {prompts[i].id} ersd {c.tree}")
             res = ersd.generate(
                 pair.target,
                 pair.draft,
@@ -184,6 +188,7 @@ def calibrate(
             )
             results.append(res)
             overheads.extend(s.other_time for s in res.steps)
+            bar.update()
         prof = RankProfile.from_results(
             results,
             vocab_size=pair.target.vocab_size,
@@ -210,11 +215,13 @@ def calibrate(
         )
     costs = None
     if measure_cost:
+        bar.set_postfix_str("timing forwards")
         costs = measure_costs(pair.target, pair.draft, ids_list[0], c.cost_sizes, c.cost_repeats)
         costs.overhead = sum(overheads) / max(len(overheads), 1)
         plain = ersd.generate(pair.target, None, ids_list[0], max_new_tokens=16, temperature=1.0)
         costs.overhead_plain = sum(s.other_time for s in plain.steps) / len(plain.steps)
         costs.meta = {"context_tokens": len(ids_list[0]), "repeats": c.cost_repeats}
+        bar.update()
         log(
             "[calibrate] forward ms by new tokens "
             + ", ".join(
@@ -223,6 +230,7 @@ def calibrate(
             )
             + f" (target/draft); overhead {1e3 * costs.overhead:.1f} ms/step"
         )
+    bar.close()
     cal = Calibration(profiles=profiles, costs=costs, meta={"stats": stats})
     if costs is not None:
         for temp in profiles:
@@ -436,7 +444,7 @@ def run_bench(
         if cfg.run.profile:
             calibration = Calibration.load(cfg.run.profile)
         else:
-            calibration = calibrate(cfg, pair, log=log)
+            calibration = calibrate(cfg, pair, log=log, progress=progress)
             cal_path = out.with_name(out.stem + ".calibration.json")
             calibration.save(cal_path)
             log(f"[bench] calibration saved to {cal_path}")

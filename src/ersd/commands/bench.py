@@ -152,7 +152,7 @@ def calibrate_cmd(config: str, quick: bool, out: str, no_costs: bool) -> None:
 
     try:
         cfg = load_config(config, quick=quick)
-        cal = calibrate(cfg, log=_echo_err, measure_cost=not no_costs)
+        cal = calibrate(cfg, log=_echo_err, measure_cost=not no_costs, progress=True)
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         cal.save(out)
         click.echo(json.dumps({"out": out, **cal.meta.get("stats", {})}))

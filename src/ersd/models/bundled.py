@@ -209,8 +209,8 @@ BUNDLED: dict[str, BundledModel] = {
             size_bytes=253_113_024,
             tokenizer="Gemma 3, 262,144 tokens",
             save_dtype="float32",
-            converted_bytes=1_100_000_000,  # estimate, not measured
-            convert_peak_bytes=3_000_000_000,  # estimate, not measured
+            converted_bytes=1_110_000_000,
+            convert_peak_bytes=3_400_000_000,
             license="Gemma terms of use (do not redistribute)",
         ),
     )

@@ -1,4 +1,4 @@
-"""``ersd generate``: speculative sampling from the command line, streaming text as it is accepted."""
+"""``ersd generate``: speculative sampling from the command line, streaming accepted text."""
 
 from __future__ import annotations
 

@@ -270,6 +270,32 @@ def test_available_memory_reads_meminfo() -> None:
     assert available is None or available > 100_000_000
 
 
+def test_waits_for_another_process_preparing(env) -> None:
+    """While another process holds the model's lock, prepare waits, then uses its result."""
+    import fcntl
+    import threading
+
+    model = bundled.get_bundled("fake-3part")
+    lock = env["cache"] / "locks" / "fake-3part.lock"
+    lock.parent.mkdir(parents=True)
+    result: list[Path] = []
+    with open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # the "other process"
+        worker = threading.Thread(
+            target=lambda: result.append(bundled.prepare("fake-3part", progress=False))
+        )
+        worker.start()
+        worker.join(timeout=0.5)
+        assert worker.is_alive()  # blocked on the lock
+        folder = bundled.prepared_dir(model)  # the other process finishes its conversion
+        folder.mkdir(parents=True)
+        (folder / bundled.MARKER).write_text(json.dumps(_marker(model)))
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    worker.join(timeout=10)
+    assert result == [folder]
+    assert env["calls"] == []  # it neither assembled nor converted
+
+
 def test_cache_dir_argument_and_env(env, tmp_path: Path) -> None:
     assert bundled.cache_root() == env["cache"]
     other = tmp_path / "elsewhere"

@@ -32,6 +32,7 @@ the returned folder with ``from_pretrained``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -40,7 +41,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,6 +416,32 @@ def _say(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path, waiting: str, progress: bool) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (POSIX ``flock``) while the block runs.
+
+    Two processes preparing the same model (parallel test workers, two benchmark runs) would
+    otherwise both convert it, doubling the memory peak, and one could delete the assembled
+    GGUF while the other still reads it.  Without ``fcntl`` (Windows) this does not lock.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, waiting)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _check_disk(folder: Path, needed: int, what: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
@@ -620,10 +647,14 @@ def prepare(
     dest = prepared_dir(model, cache_dir)
     if is_prepared(dest, model):
         return dest
-    gguf = assemble(name, progress=progress, cache_dir=cache_dir)
-    if dest.exists():  # no matching marker: half-written, or from an older ersd; redo it
-        shutil.rmtree(dest)
-    _convert(model, gguf, dest, progress)
-    if not keep_gguf and gguf == _assembled_path(model, cache_dir):
-        gguf.unlink(missing_ok=True)
+    lock = cache_root(cache_dir) / "locks" / f"{model.name}.lock"
+    with _exclusive(lock, f"waiting for another process that is preparing {name} ...", progress):
+        if is_prepared(dest, model):  # the other process finished it
+            return dest
+        gguf = assemble(name, progress=progress, cache_dir=cache_dir)
+        if dest.exists():  # no matching marker: half-written, or from an older ersd; redo it
+            shutil.rmtree(dest)
+        _convert(model, gguf, dest, progress)
+        if not keep_gguf and gguf == _assembled_path(model, cache_dir):
+            gguf.unlink(missing_ok=True)
     return dest

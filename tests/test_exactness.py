@@ -150,7 +150,7 @@ def sequence_law_test(
 ) -> FitResult:
     """Draw ``n`` sequences with ``generate`` and test them against the exact law."""
     kw = SETTINGS[setting]
-    params = ersd.SamplingParams(**kw)  # type: ignore[arg-type]
+    params = ersd.SamplingParams(**kw)
     law = exact_law(target, PROMPT, length, params, eos_token_id)
     tmodel, dmodel = target.model(), draft.model()
 
@@ -164,7 +164,7 @@ def sequence_law_test(
             tree=shape,
             seed=seed,
             eos_token_id=eos_token_id,
-            **kw,  # type: ignore[arg-type]
+            **kw,
         ).tokens
 
     base = config_seed(*tag)

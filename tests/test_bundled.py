@@ -296,6 +296,14 @@ def test_waits_for_another_process_preparing(env) -> None:
     assert env["calls"] == []  # it neither assembled nor converted
 
 
+def test_not_enough_disk(env, monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = bundled.shutil.disk_usage(env["cache"].parent)
+    monkeypatch.setattr(bundled.shutil, "disk_usage", lambda _: usage._replace(free=10))
+    with pytest.raises(ModelLoadError, match=r"not enough disk space.*\$ERSD_CACHE"):
+        bundled.prepare("fake-3part", progress=False)
+    assert env["calls"] == []
+
+
 def test_cache_dir_argument_and_env(env, tmp_path: Path) -> None:
     assert bundled.cache_root() == env["cache"]
     other = tmp_path / "elsewhere"

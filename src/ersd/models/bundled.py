@@ -24,6 +24,9 @@ gemma3-270m          Gemma-3-270M base, Q4_K_M              ``gemma3-270m-q4-k-m
 5. write a marker file last, in a temporary folder that is then renamed into place, so that a
    half-written folder is never used.
 
+A per-model lock file makes a second process preparing the same model wait for the first and
+reuse its result.
+
 The cache root is ``~/.cache/ersd``, or ``$ERSD_CACHE``, or the ``cache_dir`` argument.  The
 prepared folder is ``<root>/models/<name>-<sha256[:16]>``, so new weights never reuse an old
 conversion.  :func:`ersd.models.hf.load_model` calls :func:`prepare` for bundled names and loads

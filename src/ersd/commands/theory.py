@@ -10,6 +10,8 @@ import json
 import click
 
 FAMILY_NAMES = ("zipf", "tempered", "sharp", "swap", "uniform", "dirichlet")
+#: per-depth profiles stop at the first depth with fewer observations than this
+MIN_DEPTH_COUNT = 20
 METHOD_NAMES = ("ersd", "sd", "specinfer", "rrs-wor", "spectr", "spechub", "gls")
 
 
@@ -26,6 +28,11 @@ METHOD_NAMES = ("ersd", "sd", "specinfer", "rrs-wor", "spectr", "spechub", "gls"
     type=click.Path(dir_okay=False),
     default=None,
     help="A recorded rank profile (JSON, ersd.theory.RankProfile.save): ERSD curves only.",
+)
+@click.option(
+    "--per-depth",
+    is_flag=True,
+    help="With --profile: use the per-depth rank profile for the trees (bound: pooled).",
 )
 @click.option(
     "--vocab-size",
@@ -66,6 +73,7 @@ METHOD_NAMES = ("ersd", "sd", "specinfer", "rrs-wor", "spectr", "spechub", "gls"
 def theory(
     family: str | None,
     profile_path: str | None,
+    per_depth: bool,
     vocab_size: int,
     seed: int,
     max_k: int,
@@ -87,16 +95,20 @@ def theory(
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     if family is not None and profile_path is not None:
         raise click.UsageError("give either --family or --profile, not both")
+    if per_depth and profile_path is None:
+        raise click.UsageError("--per-depth needs --profile (a recorded rank profile)")
     try:
         if profile_path is not None:
             prof = RankProfile.load(profile_path)
             vocab = prof.vocab_size or int(prof.counts.size)
-            curves = profile_curves(prof.rank_probs(), vocab, max_k)
+            depth = prof.depth_rank_probs(min_count=MIN_DEPTH_COUNT) if per_depth else None
+            curves = profile_curves(prof.rank_probs(), vocab, max_k, depth)
             source = {"profile": profile_path, "num_observations": prof.num_observations}
             title = f"rank profile {profile_path} ({prof.num_observations} ranks)"
             header = (
                 f"rank profile {profile_path}: {prof.num_observations} ranks, |Ω| = {vocab}"
                 + ("" if prof.vocab_size else " (vocab_size unknown: number of rank bins used)")
+                + (f"\n  trees use per-depth P_R for {len(depth)} depths" if depth else "")
             )
         else:
             name = family or "zipf"

@@ -36,15 +36,21 @@ from ersd.theory.acceptance import (
     rank_distribution,
     rrs_wor_partial_profile,
 )
-from ersd.theory.distributions import as_pair, check_count, kl_divergence, rank_entropy
+from ersd.theory.distributions import (
+    as_pair,
+    as_probs,
+    check_count,
+    kl_divergence,
+    rank_entropy,
+)
 from ersd.theory.trees import (
     batch_paths,
     block_efficiency_bound,
     bound_asymptote,
     chain_paths,
-    expected_block_efficiency,
+    expected_block_efficiency_by_depth,
     multi_paths,
-    optimal_tree,
+    optimal_tree_by_depth,
     per_node_block_efficiency,
 )
 
@@ -87,36 +93,33 @@ def _multi_options(k: int) -> list[tuple[int, int]]:
 
 
 def _rank_curves(
-    rank_probs: np.ndarray, ks: list[int], known: int | None = None
+    rank_probs: np.ndarray | list[np.ndarray], ks: list[int], known: int | None = None
 ) -> tuple[dict[str, list[float]], dict]:
-    """chain/batch/multi/optimal for a child-index distribution (1-D, may be short).
+    """chain/batch/multi/optimal for a child-index distribution (1-D, may be short), or a list
+    of them, one per depth (depth 1 first; the last is reused deeper down).
 
     ``known``: only the first ``known`` child indices have known probabilities (the rest were not
     computed); shapes that need more children per node are NaN.
     """
+    profiles = rank_probs if isinstance(rank_probs, list) else [rank_probs]
     limit = known if known is not None else math.inf
+
+    def eff(paths: list[tuple[int, ...]]) -> float:
+        return expected_block_efficiency_by_depth(paths, profiles)
+
     out: dict[str, list[float]] = {s: [] for s in SHAPES}
     best: dict[int, tuple[int, int]] = {}
     for k in ks:
-        out["chain"].append(expected_block_efficiency(chain_paths(k), rank_probs))
-        out["batch"].append(
-            expected_block_efficiency(batch_paths(k), rank_probs) if k <= limit else math.nan
-        )
+        out["chain"].append(eff(chain_paths(k)))
+        out["batch"].append(eff(batch_paths(k)) if k <= limit else math.nan)
         opts = [(m, n) for m, n in _multi_options(k) if m <= limit]
         if opts:
-            vals = [
-                (expected_block_efficiency(multi_paths(m, n), rank_probs), (m, n)) for m, n in opts
-            ]
-            v, mn = max(vals)
+            v, mn = max((eff(multi_paths(m, n)), (m, n)) for m, n in opts)
             out["multi"].append(v)
             best[k] = mn
         else:
             out["multi"].append(math.nan)
-        out["optimal"].append(
-            expected_block_efficiency(optimal_tree(rank_probs, k), rank_probs)
-            if k <= limit
-            else math.nan
-        )
+        out["optimal"].append(eff(optimal_tree_by_depth(profiles, k)) if k <= limit else math.nan)
     return out, best
 
 
@@ -211,14 +214,28 @@ def _reference_rows(p: np.ndarray, q: np.ndarray) -> dict[str, dict[str, float |
     return rows
 
 
-def profile_curves(rank_probs: Any, vocab_size: int, max_k: int = 16) -> Curves:
-    """ERSD curves for a recorded rank profile (no ``(p, q)``, so no baselines)."""
-    from ersd.theory.distributions import as_probs
+def profile_curves(
+    rank_probs: Any,
+    vocab_size: int,
+    max_k: int = 16,
+    depth_rank_probs: Sequence[Any] | None = None,
+) -> Curves:
+    """ERSD curves for a recorded rank profile (no ``(p, q)``, so no baselines).
 
+    ``rank_probs`` is the pooled ``P_R`` (used for the bound); with ``depth_rank_probs`` (one
+    vector per depth) the trees are evaluated and optimised with the per-depth profile.
+    """
     rank = as_probs(rank_probs, "rank_probs", allow_deficit=True)
     kmax = check_count(max_k, "max_k")
     ks = list(range(1, kmax + 1))
-    curves, best = _rank_curves(rank, ks)
+    if depth_rank_probs is not None:
+        profiles = [
+            as_probs(r, f"depth_rank_probs[{d}]", allow_deficit=True)
+            for d, r in enumerate(depth_rank_probs)
+        ]
+        curves, best = _rank_curves(profiles, ks)
+    else:
+        curves, best = _rank_curves(rank, ks)
     return Curves(
         ks=ks,
         values={"ersd": curves},
@@ -227,7 +244,10 @@ def profile_curves(rank_probs: Any, vocab_size: int, max_k: int = 16) -> Curves:
         vocab_size=vocab_size,
         rank_entropy_nats=rank_entropy(rank),
         best_multi=best,
-        info={"acceptance": {"ersd": {str(m): float(rank[:m].sum()) for m in (1, 2, 4)}}},
+        info={
+            "acceptance": {"ersd": {str(m): float(rank[:m].sum()) for m in (1, 2, 4)}},
+            "per_depth": depth_rank_probs is not None,
+        },
     )
 
 

@@ -109,3 +109,10 @@ def test_every_family_is_a_valid_pair() -> None:
             assert np.isclose(p.sum(), 1) and np.isclose(q.sum(), 1)
             assert np.all(p > 0) and np.all(q > 0)
     assert np.array_equal(family_pair("zipf", 8, 0)[1], family_pair("zipf", 8, 0)[1])
+
+
+def test_cli_choices_match_the_library() -> None:
+    from ersd.commands.theory import FAMILY_NAMES, METHOD_NAMES
+
+    assert set(FAMILY_NAMES) == set(FAMILIES)
+    assert tuple(METHOD_NAMES) == tuple(T.ACCEPTANCE_METHODS)

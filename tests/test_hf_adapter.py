@@ -97,6 +97,8 @@ class Checker:
         self.ptok: list[int] = []
         self.ppar: list[int] = []
         self.worst = 0.0
+        self.vocab = V
+        self.atol = ATOL
 
     def seq(self, node: int) -> list[int]:
         out: list[int] = []
@@ -110,12 +112,12 @@ class Checker:
         rows = self.session.score(tokens, parents)
         self.ptok += tokens
         self.ppar += parents
-        assert rows.shape == (1 + len(tokens), V) and rows.dtype == torch.float32
+        assert rows.shape == (1 + len(tokens), self.vocab) and rows.dtype == torch.float32
         seqs = [self.session.committed] + [self.seq(first + i) for i in range(len(tokens))]
         for row, seq in zip(rows, seqs, strict=True):
             err = (row - plain_logits(self.model, seq)).abs().max().item()
             self.worst = max(self.worst, err)
-            assert err < ATOL, f"row for {seq} off by {err}"
+            assert err < self.atol, f"row for {seq} off by {err}"
         return rows
 
     def commit(self, tokens: list[int], path: list[int]) -> None:
@@ -424,3 +426,79 @@ def test_same_tokenizer_rejects_different_vocabularies() -> None:
     d = from_pretrained_model(tiny_model("llama", 1, vocab=V + 8), _tokenizer(V))
     with pytest.raises(VocabularyMismatchError, match="320 and 328 columns"):
         a.same_tokenizer(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bundled SmolLM2-135M (float32 target; drafts: a layer-truncated copy, a bfloat16 copy)
+
+
+@pytest.fixture(scope="module")
+def smol() -> dict[str, HFModel]:
+    return {
+        "target": ersd.load_model("smollm2-135m"),
+        "truncated": ersd.load_model("smollm2-135m", num_hidden_layers=8),
+        "bf16": ersd.load_model("smollm2-135m", dtype="bfloat16"),
+    }
+
+
+SMOL_PROMPT = "def fibonacci(n):\n    "
+_alone: dict[int, list[int]] = {}
+
+
+def _target_only(target: HFModel, prompt: list[int], seed: int) -> list[int]:
+    if seed not in _alone:
+        _alone[seed] = ersd.generate(target, None, prompt, max_new_tokens=20, seed=seed).tokens
+    return _alone[seed]
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize(
+    ("draft", "seed"), [("truncated", 0), ("truncated", 1), ("bf16", 2)], ids=str
+)
+@pytest.mark.parametrize("tree", TREE_SPECS)
+def test_smollm2_ersd_is_drafter_invariant(smol, draft: str, seed: int, tree: str) -> None:
+    target = smol["target"]
+    prompt = target.tokenizer.encode(SMOL_PROMPT)
+    res = ersd.generate(target, smol[draft], prompt, max_new_tokens=20, seed=seed, tree=tree)
+    assert res.tokens == _target_only(target, prompt, seed)
+    if draft == "bf16":  # a near-perfect draft: whole trees accepted, the cache moves along them
+        assert res.block_efficiency > 2.0
+
+
+@pytest.mark.realmodel
+def test_smollm2_greedy_equals_transformers_generate(smol) -> None:
+    target = smol["target"]
+    prompt = target.tokenizer.encode(SMOL_PROMPT)
+    with torch.no_grad():
+        ref = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24)[
+            0, len(prompt) :
+        ].tolist()
+    for draft, tree in [(None, "chain:1"), ("bf16", "multi:2x2"), ("truncated", "chain:3")]:
+        res = ersd.generate(
+            target,
+            smol[draft] if draft else None,
+            prompt,
+            max_new_tokens=24,
+            temperature=0,
+            tree=tree,
+        )
+        assert res.tokens == ref, (draft, tree)
+
+
+@pytest.mark.realmodel
+def test_smollm2_tree_rows_equal_path_forwards(smol) -> None:
+    target = smol["target"]
+    chk = Checker(target.model, target.start(target.tokenizer.encode(SMOL_PROMPT)))
+    chk.vocab = target.vocab_size
+    chk.atol = 2e-3  # logits of size ~20 in float32
+    rng = random.Random(7)
+    for _ in range(3):
+        parents = random_tree(rng, 0, 6)
+        chk.score([rng.randrange(target.vocab_size) for _ in parents], parents)
+        path = random_path(rng, chk.ppar)
+        chk.commit([chk.ptok[i] for i in path] + [rng.randrange(1000)], path)
+    chk.score([], [])
+    for _level in range(2):  # drafter style
+        chk.score(
+            [rng.randrange(1000) for _ in range(3)], [-1, -1, 0] if _level == 0 else [0, 1, 2]
+        )

@@ -24,9 +24,12 @@ transformers is imported lazily: ``import ersd`` does not need it.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +101,11 @@ class HFModel:
         self.dtype = next(model.parameters()).dtype
         self.tree_attention = tree_attention
         self._mask_min = torch.finfo(self.dtype).min
-        self.forward_calls = 0
+        # transformers renamed forward's ``past_key_values`` to ``cache`` (5.2x); use what it takes
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.forward_calls = 0  # scoring forwards (the adapter's own bookkeeping excluded)
+        self.forward_seconds = 0.0  # seconds inside those forwards
 
     def __repr__(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
@@ -163,14 +170,23 @@ class HFModel:
     ) -> torch.Tensor:
         """Logits of the last ``keep`` rows, ``[batch, keep, V]``; appends to ``cache``."""
         self.forward_calls += 1
+        t0 = time.perf_counter()
+        before = cache.get_seq_length()
         out = self.model(
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
-            cache=cache,
             use_cache=True,
             logits_to_keep=keep,
+            **{self._cache_kwarg: cache},
         )
+        self.forward_seconds += time.perf_counter() - t0
+        if cache.get_seq_length() != before + ids.shape[1]:
+            raise RuntimeError(
+                f"{type(self.model).__name__} did not extend the KV cache passed as "
+                f"{self._cache_kwarg}=; this transformers version is not supported by ersd's "
+                "adapter (use transformers >= 5.0)"
+            )
         return out.logits
 
     def new_cache(self) -> Any:
@@ -511,6 +527,22 @@ def _memory_hint(name: str, folder: Path, dtype: torch.dtype) -> str:
     )
 
 
+@contextlib.contextmanager
+def _transformers_verbosity_error(active: bool) -> Iterator[None]:
+    """Silence transformers' warnings (not errors) inside the block when ``active``."""
+    if not active:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -559,7 +591,15 @@ def load_model(
                 f"unknown config overrides {sorted(unused)} for {name}; overrides must be fields "
                 f"of its {type(config).__name__} (e.g. num_hidden_layers=8)"
             )
-        model: Any = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch_dtype)
+        # a layer-truncated draft leaves the checkpoint's upper layers unused, as intended: keep
+        # transformers' load report (a warning table of every unused weight) quiet then
+        quiet = set(config_overrides) == {"num_hidden_layers"} and int(
+            config_overrides["num_hidden_layers"]
+        ) <= int(getattr(AutoConfig.from_pretrained(folder), "num_hidden_layers", 0))
+        with _transformers_verbosity_error(quiet):
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, dtype=torch_dtype
+            )
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except ModelLoadError:
         raise

@@ -9,6 +9,7 @@ Tests marked ``realmodel`` repeat the end-to-end checks on the bundled SmolLM2-1
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -220,6 +221,7 @@ def test_paths_fallback_matches(seed: int) -> None:
 def _reject_4d_masks(model: Any, ignore: bool) -> None:
     forward = model.forward
 
+    @functools.wraps(forward)
     def patched(*args: Any, attention_mask: Any = None, **kw: Any) -> Any:
         if attention_mask is not None and attention_mask.dim() == 4:
             if not ignore:

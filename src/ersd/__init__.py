@@ -7,11 +7,15 @@ Public API::
     ersd.generate(target, draft, prompt, max_new_tokens=..., method="ersd", tree="chain:4", ...)
     ersd.GenerationResult                   # .tokens, .target_calls, .block_efficiency, ...
     ersd.METHODS                            # registry of verification methods
+
+Names are imported lazily (PEP 562), so ``import ersd.theory`` or ``ersd --help`` never pays for
+torch; only the error classes are imported eagerly.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ersd.errors import (
     ErsdError,
@@ -24,13 +28,42 @@ from ersd.errors import (
     UnsupportedTreeError,
     VocabularyMismatchError,
 )
-from ersd.generate import GenerationResult, StepRecord, generate, generate_stream
-from ersd.methods import METHODS, get_method
-from ersd.models.function import FunctionModel
-from ersd.probs import SamplingParams, logits_to_probs
-from ersd.tree import TreeShape, parse_tree
+
+if TYPE_CHECKING:
+    from ersd.generation import GenerationResult, StepRecord, generate, generate_stream
+    from ersd.methods import METHODS, get_method
+    from ersd.models.function import FunctionModel
+    from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.tree import TreeShape, parse_tree
 
 __version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "GenerationResult": "ersd.generation",
+    "StepRecord": "ersd.generation",
+    "generate": "ersd.generation",
+    "generate_stream": "ersd.generation",
+    "METHODS": "ersd.methods",
+    "get_method": "ersd.methods",
+    "FunctionModel": "ersd.models.function",
+    "SamplingParams": "ersd.probs",
+    "logits_to_probs": "ersd.probs",
+    "TreeShape": "ersd.tree",
+    "parse_tree": "ersd.tree",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ersd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def load_model(
@@ -38,7 +71,9 @@ def load_model(
 ) -> Any:
     """Load a Hugging Face causal LM (bundled offline name, local folder or hub id).
 
-    Imported lazily so that ``import ersd`` needs no transformers.
+    Returns an :class:`ersd.models.hf.HFModel` (``.tokenizer``, ``.vocab_size``), accepted by
+    :func:`ersd.generate`; ``config_overrides`` go to the model config (``num_hidden_layers=K``
+    makes a layer-truncated draft).  transformers is imported only here.
     """
     from ersd.models.hf import load_model as _load
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ersd.generate import GenerationResult, StepRecord
+from ersd.generation import GenerationResult, StepRecord
 from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner, root_key
 

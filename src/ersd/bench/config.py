@@ -35,6 +35,7 @@ class ModelsConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"
     threads: int = 0  # torch threads; 0 = leave torch's default
+    draft_layers: int = 0  # > 0: keep only the draft's first N layers (a layer-truncated draft)
 
 
 @dataclass
@@ -198,8 +199,10 @@ def _validate(cfg: BenchConfig) -> None:
         raise BenchConfigError(
             f"models.dtype {m.dtype!r} is not supported; use 'bfloat16' (speed) or 'float32'"
         )
-    if m.threads < 0:
-        raise BenchConfigError("models.threads must be >= 0 (0 = torch's default)")
+    if m.threads < 0 or m.draft_layers < 0:
+        raise BenchConfigError(
+            "models.threads and models.draft_layers must be >= 0 (0 = the default)"
+        )
     for s in p.sets:
         if s not in PROMPT_SETS:
             raise BenchConfigError(

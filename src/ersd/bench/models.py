@@ -132,7 +132,8 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
     import ersd
 
     target = ersd.load_model(cfg.target, dtype=cfg.dtype, device=cfg.device)
-    draft = ersd.load_model(cfg.draft, dtype=cfg.dtype, device=cfg.device)
+    overrides = {"num_hidden_layers": cfg.draft_layers} if cfg.draft_layers else {}
+    draft = ersd.load_model(cfg.draft, dtype=cfg.dtype, device=cfg.device, **overrides)
     target.same_tokenizer(draft)
     return ModelPair(
         target=target,
@@ -140,5 +141,7 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
         tokenizer=target.tokenizer,
         is_hf=True,
         eos_token_ids=list(target.eos_token_ids),
-        description=f"{cfg.target} <- {cfg.draft} ({cfg.dtype})",
+        description=f"{cfg.target} <- {cfg.draft}"
+        + (f" (first {cfg.draft_layers} layers)" if cfg.draft_layers else "")
+        + f" ({cfg.dtype})",
     )

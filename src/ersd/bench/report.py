@@ -294,7 +294,9 @@ def markdown(rows: list[Row], metas: list[dict[str, Any]], figures: Iterable[str
                 cells = []
                 for name in best:
                     b = best[name].get(k)
-                    cells.append(f"{_fmt(b.speedup)} ({b.tree or ''})" if b else "–")
+                    cells.append(
+                        f"{_fmt(b.speedup)}" + (f" ({b.tree})" if b.tree else "") if b else "–"
+                    )
                 lines.append(f"| {k} | " + " | ".join(cells) + " |")
             lines.append("")
         bounds = sorted({(r.k, r.bound) for r in trs if r.bound is not None and r.k})

@@ -478,6 +478,13 @@ def run_bench(
         + "; ".join(f"T={t}: {len(v)} configurations" for t, v in plans.items())
         + f"; {total} runs of {r.max_new_tokens} tokens"
     )
+    if calibration is not None and calibration.costs is not None:
+        est = sum(
+            estimate_seconds(e, calibration, t, r.max_new_tokens)
+            for t, v in plans.items()
+            for e in v
+        )
+        log(f"[bench] estimated time: ~{est * len(prompts) * len(r.seeds) / 60:.0f} min")
     meta = {
         "kind": "meta",
         "record_version": RECORD_VERSION,
@@ -521,6 +528,20 @@ def run_bench(
         bar.close()
     log(f"[bench] wrote {order} records to {out}")
     return out
+
+
+def estimate_seconds(e: Entry, cal: Calibration, temperature: float, tokens: int) -> float:
+    """Rough seconds of one run of ``e`` from the cost model (ERSD's prediction for trees; the
+    ERSD prediction of the same shape for other methods, which accept less; ``target(1)`` per
+    token for target-only; a chain for HF assisted)."""
+    costs = cal.costs
+    assert costs is not None
+    if e.method in ("target-only", "target-only-2tok"):
+        return tokens / costs.target_only_rate()
+    shape = e.shape or TreeShape.chain(e.k or 1)
+    if e.prediction is not None:
+        return tokens / float(e.prediction["tokens_per_second"])
+    return tokens / predict(shape, cal.depth_probs(temperature), costs).tokens_per_second
 
 
 def _entry_meta(e: Entry) -> dict[str, Any]:

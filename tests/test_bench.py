@@ -224,7 +224,9 @@ def _main() -> Any:
 # --- configs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["smoke-toy", "smoke-tiny", "qwen-quick", "qwen-full"])
+@pytest.mark.parametrize(
+    "name", ["smoke-toy", "smoke-tiny", "smoke-smollm", "qwen-quick", "qwen-full"]
+)
 def test_bundled_configs_validate(name: str) -> None:
     cfg = load_config(name)
     assert cfg.run.max_new_tokens >= 1
@@ -402,4 +404,6 @@ def test_tiny_hf_pair_with_assisted_generation(tmp_path: Path) -> None:
         assert r["block_efficiency"] == pytest.approx(8 / r["target_calls"])
         assert r["draft_forwards"] >= 1 and r["target_time"] > 0
     paths = write_report([out], tmp_path / "rep")
-    assert "hf-assisted (k=4)" in paths["report"].read_text()
+    text = paths["report"].read_text()
+    assert "hf-assisted (k=4)" in text
+    assert re.search(r"÷ Hugging Face assisted generation .*k=4: \d+\.\d\d", text)

@@ -225,7 +225,12 @@ def _fmt(iv: Interval | None, digits: int = 2) -> str:
     return "–" if iv is None or math.isnan(iv.mean) else iv.format(digits)
 
 
-def markdown(rows: list[Row], metas: list[dict[str, Any]], figures: Iterable[str] = ()) -> str:
+def markdown(
+    rows: list[Row],
+    metas: list[dict[str, Any]],
+    figures: Iterable[str] = (),
+    comparisons: Sequence[tuple[float, int, Row, Interval]] = (),
+) -> str:
     lines = ["# Benchmark report", ""]
     for m in metas[:1]:
         run = m.get("run", {})
@@ -281,10 +286,12 @@ def markdown(rows: list[Row], metas: list[dict[str, Any]], figures: Iterable[str
                 f"{theory} | {pred} | {d:.0%}/{t:.0%}/{o:.0%} | {ident} |"
             )
         lines.append("")
-        best = best_per_method(trs)
-        if best:
+        for metric, title in (("speedup", "speedup"), ("block_efficiency", "block efficiency")):
+            best = best_per_method(trs, metric)
+            if not best:
+                continue
             lines += [
-                "Best shape per method and budget (by mean speedup):",
+                f"Best shape per method and budget, by mean {title}:",
                 "",
                 "| k | " + " | ".join(m for m in best) + " |",
                 "|---|" + "---|" * len(best),
@@ -295,10 +302,18 @@ def markdown(rows: list[Row], metas: list[dict[str, Any]], figures: Iterable[str
                 for name in best:
                     b = best[name].get(k)
                     cells.append(
-                        f"{_fmt(b.speedup)}" + (f" ({b.tree})" if b.tree else "") if b else "–"
+                        _fmt(getattr(b, metric)) + (f" ({b.tree})" if b.tree else "") if b else "–"
                     )
                 lines.append(f"| {k} | " + " | ".join(cells) + " |")
             lines.append("")
+        vs_hf = [c for c in comparisons if c[0] == temp]
+        if vs_hf:
+            lines += [
+                "ERSD (best shape at budget k) ÷ Hugging Face assisted generation "
+                "(num_assistant_tokens = k), tokens/s, per-prompt ratios: "
+                + "; ".join(f"k={k}: {iv.format()} ({row.tree})" for _, k, row, iv in vs_hf),
+                "",
+            ]
         bounds = sorted({(r.k, r.bound) for r in trs if r.bound is not None and r.k})
         if bounds:
             lines.append(
@@ -311,15 +326,49 @@ def markdown(rows: list[Row], metas: list[dict[str, Any]], figures: Iterable[str
     return "\n".join(lines)
 
 
-def best_per_method(rows: list[Row]) -> dict[str, dict[int, Row]]:
-    """For each speculative method and budget k the configuration with the best mean speedup."""
+def best_per_method(rows: list[Row], metric: str = "speedup") -> dict[str, dict[int, Row]]:
+    """For each speculative method and budget k the configuration with the best mean ``metric``
+    (``speedup`` or ``block_efficiency``)."""
     out: dict[str, dict[int, Row]] = {}
     for r in rows:
-        if r.method in BASELINE_METHODS or r.k is None or r.speedup is None:
+        value = getattr(r, metric)
+        if r.method in BASELINE_METHODS or r.k is None or value is None:
             continue
         cur = out.setdefault(r.method, {}).get(r.k)
-        if cur is None or (cur.speedup and r.speedup.mean > cur.speedup.mean):
+        if cur is None or value.mean > getattr(cur, metric).mean:
             out[r.method][r.k] = r
+    return out
+
+
+def ersd_vs_hf(
+    results: list[dict[str, Any]], rows: list[Row]
+) -> list[tuple[float, int, Row, Interval]]:
+    """Per temperature and k: ERSD's best configuration at budget k (by mean speedup) against
+    Hugging Face assisted generation with ``num_assistant_tokens = k``, as a t-interval of
+    per-prompt tokens/s ratios (same prompt, temperature and seed)."""
+    hf = {
+        (float(r["temperature"]), r["k"], r["prompt_id"], int(r["seed"])): r["tokens_per_second"]
+        for r in results
+        if r["method"] == "hf-assisted"
+    }
+    out = []
+    for temp in sorted({r.temperature for r in rows}, reverse=True):
+        best = best_per_method([r for r in rows if r.temperature == temp]).get("ersd", {})
+        for k, row in sorted(best.items()):
+            ratios: dict[str, list[float]] = defaultdict(list)
+            for r in results:
+                if (float(r["temperature"]), r["method"], r.get("tree"), r.get("k")) != (
+                    temp,
+                    "ersd",
+                    row.tree,
+                    k,
+                ):
+                    continue
+                den = hf.get((temp, k, r["prompt_id"], int(r["seed"])))
+                if den:
+                    ratios[r["prompt_id"]].append(r["tokens_per_second"] / den)
+            if ratios:
+                out.append((temp, k, row, t_interval(_per_prompt(ratios))))
     return out
 
 
@@ -465,7 +514,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, 
     _plot_block_efficiency(rows, figs["block_efficiency"])
     _plot_speedup(rows, figs["speedup"])
     md = out / "report.md"
-    md.write_text(markdown(rows, metas, [str(f) for f in figs.values()]))
+    md.write_text(markdown(rows, metas, [str(f) for f in figs.values()], ersd_vs_hf(results, rows)))
     summary = out / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1) + "\n")
     return {"report": md, "summary": summary, **figs}

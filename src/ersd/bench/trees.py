@@ -135,8 +135,8 @@ def natural_shapes(method: str, k: int, style: str = "natural") -> list[str]:
 
     ``natural``: chain:K for every method (SD's only shape); M×L with M = 2 and 4 for the
     multi-draft methods (ERSD, SpecInfer, RRS-wor, SpecTr, GLS); for SpecHub (at most two
-    children per node) multi:2xL and binary:K.  ``minimal``: chain:K for sd and ERSD, one M×L for
-    the others.  Shapes a method rejects are dropped.
+    children per node) multi:2xL and binary:K.  ``minimal``: chain:K for SD, chain:K and
+    multi:2x(K/2) for ERSD, multi:2x(K/2) for the others.  Shapes a method rejects are dropped.
     """
     name = get_method(method).name
     specs: list[str] = []
@@ -151,7 +151,9 @@ def natural_shapes(method: str, k: int, style: str = "natural") -> list[str]:
     else:
         if name in ("sd", "ersd"):
             specs.append(f"chain:{k}")
-        elif k % 2 == 0:
+        if name == "ersd" and k % 2 == 0 and k >= 4:
+            specs.append(f"multi:2x{k // 2}")  # the multi-draft baselines' shape, for comparison
+        elif name != "sd" and k % 2 == 0:
             specs.append(f"multi:2x{k // 2}")
         else:
             specs.append(f"chain:{k}")

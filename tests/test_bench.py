@@ -407,3 +407,23 @@ def test_tiny_hf_pair_with_assisted_generation(tmp_path: Path) -> None:
     text = paths["report"].read_text()
     assert "hf-assisted (k=4)" in text
     assert re.search(r"÷ Hugging Face assisted generation .*k=4: \d+\.\d\d", text)
+
+
+def test_rank_dependence_counts_consecutive_contexts() -> None:
+    from ersd.bench.report import rank_dependence
+
+    rec = {
+        "method": "ersd",
+        "temperature": 1.0,
+        # call 1: R=1, R=1, then rejection R=3; call 2 continues at the next context: R=1, R=2;
+        # call 3 starts after a rejection again: R=1 (full accept, bonus); call 4: no pair.
+        "ranks": [[1, 1, 3], [1, 2], [1], [2]],
+    }
+    dep = rank_dependence([rec, {**rec, "temperature": 0.0}, {**rec, "method": "sd"}])
+    assert set(dep) == {1.0}
+    d = dep[1.0]
+    assert d["P(R=1)"] == pytest.approx(4 / 7)
+    # pairs after R=1: (1,1) (1,3) (1,2) -> 1 of 3; after R>1: (3,1) (2,1) -> 2 of 2
+    assert d["P(R=1 | prev=1)"] == pytest.approx(1 / 3)
+    assert d["P(R=1 | prev>1)"] == pytest.approx(1.0)
+    assert d["pairs"] == 5

@@ -161,6 +161,14 @@ def summarise(
             speedup=t_interval(_per_prompt(sp)) if sp else None,
             speedup_2tok=t_interval(_per_prompt(sp2)) if sp2 else None,
             time_split=split,
+            extra={
+                "ms_per_call": {
+                    part: 1e3
+                    * sum(r[f"{part}_time"] for r in recs)
+                    / max(sum(r["target_calls"] for r in recs), 1)
+                    for part in ("draft", "target", "other", "wall")
+                }
+            },
             prediction=recs[0].get("prediction"),
             identical=(ident[0], ident[1]) if ident[1] else None,
         )
@@ -358,6 +366,20 @@ def markdown(
                 + "; ".join(f"k={k}: {iv.format()} ({row.tree})" for _, k, row, iv in vs_hf),
                 "",
             ]
+        lines += [
+            "Time per target call (ms, summed over runs ÷ calls; prefill included):",
+            "",
+            "| configuration | draft | target | other | total | other / total |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in trs:
+            ms = r.extra.get("ms_per_call")
+            if ms:
+                lines.append(
+                    f"| {r.label} | {ms['draft']:.0f} | {ms['target']:.0f} | {ms['other']:.1f} | "
+                    f"{ms['wall']:.0f} | {ms['other'] / ms['wall'] if ms['wall'] else 0:.1%} |"
+                )
+        lines.append("")
         dep = (dependence or {}).get(temp)
         if dep:
             lines += [
@@ -615,6 +637,7 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "bound": _num(r.bound) if r.bound else None,
         "prediction": r.prediction,
         "identical_to_target_only": list(r.identical) if r.identical else None,
+        **r.extra,
     }
 
 

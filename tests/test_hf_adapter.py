@@ -64,9 +64,22 @@ def tiny_config(arch: str, vocab: int = V, layers: int = 2) -> Any:
     return Qwen2Config(**common)
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, attn: str = "sdpa", **kw: Any) -> Any:
+def tiny_model(
+    arch: str = "llama", seed: int = 0, attn: str = "sdpa", window: int | None = None, **kw: Any
+) -> Any:
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **kw), attn_implementation=attn)
+    config = tiny_config(arch, **kw)
+    if window:  # layer 0 full attention, layer 1 sliding window
+        config = Qwen2Config(
+            **{
+                **config.to_dict(),
+                "use_sliding_window": True,
+                "sliding_window": window,
+                "max_window_layers": 1,
+                "layer_types": None,
+            }
+        )
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     return model.eval()
 
 
@@ -75,6 +88,7 @@ MODELS: dict[str, Callable[[], Any]] = {
     "llama-eager": lambda: tiny_model("llama", 0, "eager"),
     "qwen2-sdpa": lambda: tiny_model("qwen2", 1, "sdpa"),
     "qwen2-eager": lambda: tiny_model("qwen2", 1, "eager"),
+    "qwen2-sliding": lambda: tiny_model("qwen2", 2, "sdpa", window=5),  # mixed layer types
 }
 
 

@@ -101,6 +101,12 @@ class HFModel:
         self.dtype = next(model.parameters()).dtype
         self.tree_attention = tree_attention
         self._mask_min = torch.finfo(self.dtype).min
+        # models mixing full and sliding-window attention layers take a dict of two masks
+        layer_types = getattr(text_config, "layer_types", None) or []
+        window = getattr(text_config, "sliding_window", None)
+        self.sliding_window: int | None = (
+            int(window) if window and "sliding_attention" in layer_types else None
+        )
         # transformers renamed forward's ``past_key_values`` to ``cache`` (5.2x); use what it takes
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -165,7 +171,7 @@ class HFModel:
         ids: torch.Tensor,
         positions: torch.Tensor,
         cache: Any,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | dict[str, torch.Tensor] | None,
         keep: int,
     ) -> torch.Tensor:
         """Logits of the last ``keep`` rows, ``[batch, keep, V]``; appends to ``cache``."""
@@ -188,6 +194,12 @@ class HFModel:
                 "adapter (use transformers >= 5.0)"
             )
         return out.logits
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """``[q, kv]`` bool (True = may attend) -> ``[1, 1, q, kv]`` additive mask on the device."""
+        mask = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, self._mask_min)
+        return mask.to(self.device)
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -354,7 +366,7 @@ class HFSession:
         pos.extend(length + d - 1 for d in depths)
         positions = torch.tensor([pos], dtype=torch.long, device=dev)
         if n == 0 and num_pending == 0:
-            mask = None  # plain causal continuation of the cache
+            mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
         else:
             q = t + n
             kv = cached + num_pending + q
@@ -370,9 +382,18 @@ class HFSession:
                 rr.extend([t + i] * len(anc))
                 cc.extend(off + a for a in anc)
             allowed[rr, cc] = True
-            mask = torch.zeros(1, 1, q, kv, dtype=owner.dtype)
-            mask.masked_fill_(~allowed, owner._mask_min)
-            mask = mask.to(dev)
+            mask = owner._additive(allowed)
+            if owner.sliding_window is not None:
+                # sliding-window layers see keys less than `window` positions back (transformers'
+                # sliding_window_overlay), measured in positions, not cache columns
+                kv_pos = torch.tensor(
+                    [*range(cached), *(length + d - 1 for d in self._pdepth), *pos]
+                )
+                near = (torch.tensor(pos)[:, None] - kv_pos[None, :]) < owner.sliding_window
+                mask = {
+                    "full_attention": mask,
+                    "sliding_attention": owner._additive(allowed & near),
+                }
         keep = n + (1 if t else 0)
         logits = owner._forward(ids, positions, self._cache, mask, keep)[0].float()
         self._n_cached = length

@@ -149,10 +149,12 @@ def test_report_table_parses_and_figures_are_pngs(toy_run: Path, tmp_path: Path)
     text = paths["report"].read_text()
     assert "Student-t 95%" in text and "vs 2-tok" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    header = [r for r in rows if r.startswith("| configuration")]
+    header = [r for r in rows if r.startswith("| configuration | k | block efficiency")]
     assert len(header) == 2  # one table per temperature
     ncols = header[0].count("|")
     table_rows = [r for r in rows if r.count("|") == ncols and not r.startswith("| configuration")]
+    timing = [r for r in rows if r.startswith("| configuration | draft | target | other")]
+    assert len(timing) == 2
     assert len(table_rows) >= 2 * 10
     for row in table_rows:
         cells = [c.strip() for c in row.strip("|").split("|")]

@@ -541,6 +541,13 @@ def _plot_block_efficiency(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def _short_tree(r: Row) -> str:
+    tree = r.tree or ""
+    if tree.startswith("paths:"):
+        return r.choice or "tree"
+    return tree
+
+
 def _plot_speedup(rows: list[Row], path: Path) -> None:
     import matplotlib
 
@@ -570,7 +577,7 @@ def _plot_speedup(rows: list[Row], path: Path) -> None:
             ax.bar(x + off, means, 0.4, yerr=err, capsize=2, label=name)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(x)
-        ax.set_xticklabels([f"{m}\nk={k}\n{(r.tree or '')[:12]}" for m, k, r in bars], fontsize=7)
+        ax.set_xticklabels([f"{m}\nk={k}\n{_short_tree(r)}" for m, k, r in bars], fontsize=7)
         ax.set_ylabel("speedup (tokens/s ratio)")
         ax.set_title(f"T = {temp:g}: best shape per method and budget, 95% t-intervals")
         ax.legend(fontsize=8)

@@ -497,7 +497,9 @@ def _plot_block_efficiency(rows: list[Row], path: Path) -> None:
             {
                 (r.k, r.theory_be)
                 for r in trs
-                if r.method == "ersd" and r.choice == "optimal-per-call" and r.theory_be is not None
+                if r.method == "ersd"
+                and "optimal-per-call" in (r.choice or "")
+                and r.theory_be is not None
             }
         )
         if not theory:

@@ -299,8 +299,10 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
         key = (method, shape.paths)
         if key in seen:
             old = seen[key]
-            old.aliases.append(spec)
-            old.choice = old.choice or choice
+            if spec != old.tree and spec not in old.aliases:
+                old.aliases.append(spec)
+            if choice and choice not in (old.choice or "").split("+"):
+                old.choice = f"{old.choice}+{choice}" if old.choice else choice
             return
         pred = None
         if method == "ersd" and depth_probs is not None and cal is not None and cal.costs:

@@ -73,7 +73,9 @@ def make_drafts(target: TableLM, seed: int = 100) -> dict[str, TableLM]:
     * ``bad``         — an unrelated random table;
     * ``adversarial`` — reversed preferences (negated target logits);
     * ``sparse``      — target logits with the target's favourite token masked (``q = 0`` where
-      ``p`` is largest: every acceptance of that token must come from a correction).
+      ``p`` is largest: every emission of that token must come from a correction);
+    * ``onehot``      — all mass on the target's least likely token (a degenerate drafter: i.i.d.
+      drafts all coincide, without-replacement drafting finds a single token).
     """
     t = target.table
     v = target.vocab_size
@@ -82,11 +84,14 @@ def make_drafts(target: TableLM, seed: int = 100) -> dict[str, TableLM]:
     bad = random_table(v, seed + 1)
     sparse = t.clone()
     sparse.scatter_(-1, t.argmax(dim=-1, keepdim=True), float("-inf"))
+    onehot = torch.full_like(t, float("-inf"))
+    onehot.scatter_(-1, t.argmin(dim=-1, keepdim=True), 0.0)
     return {
         "mild": TableLM(mild),
         "bad": TableLM(bad),
         "adversarial": TableLM(-t),
         "sparse": TableLM(sparse),
+        "onehot": TableLM(onehot),
     }
 
 

@@ -429,3 +429,30 @@ def test_rank_dependence_counts_consecutive_contexts() -> None:
     assert d["P(R=1 | prev=1)"] == pytest.approx(1 / 3)
     assert d["P(R=1 | prev>1)"] == pytest.approx(1.0)
     assert d["pairs"] == 5
+
+
+def test_failed_run_is_recorded_and_left_out_of_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ersd.bench.runner as runner_mod
+
+    real = runner_mod.run_entry
+
+    def flaky(e, pair, ids, temp, seed, max_new_tokens, eos):  # type: ignore[no-untyped-def]
+        if e.method == "sd" and max_new_tokens > 2:  # the warm-up (2 tokens) passes
+            raise RuntimeError("out of memory (simulated)")
+        return real(e, pair, ids, temp, seed, max_new_tokens, eos)
+
+    monkeypatch.setattr(runner_mod, "run_entry", flaky)
+    data = _toy_config(
+        temperatures=[1.0], seeds=[0], methods=["sd", "ersd"], optimal=False, cost_aware=False
+    )
+    out = run_bench(
+        config_from_dict(data, source="t"), tmp_path / "f.jsonl", progress=False, log=_quiet
+    )
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    failed = [r for r in lines if "error" in r]
+    assert len(failed) == 4 and all(r["method"] == "sd" for r in failed)
+    with pytest.warns(RuntimeWarning, match="4 records are failed runs"):
+        paths = write_report([out], tmp_path / "rep")
+    assert "| sd chain:4" not in paths["report"].read_text()

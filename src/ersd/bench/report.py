@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,15 @@ def read_records(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], lis
                     "delete the last line and retry"
                 ) from None
             (metas if rec.get("kind") == "meta" else results).append(rec)
+    failed = [r for r in results if "error" in r]
+    if failed:
+        warnings.warn(
+            f"{len(failed)} records are failed runs (field 'error', e.g. {failed[0]['error']!r}); "
+            "they are left out of the report",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        results = [r for r in results if "error" not in r]
     if not results:
         raise ReportError("no result records found: the run wrote only metadata (or nothing)")
     return metas, results

@@ -513,7 +513,7 @@ def run_bench(
             bar.close()
         bar = _progress(total, progress)
         bar.set_description(cfg.name)
-        order = 0
+        order = errors = 0
         for pi, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
             for temp, entries in plans.items():
                 shift = pi % len(entries)
@@ -521,14 +521,21 @@ def run_bench(
                 for seed in r.seeds:
                     for e in rotated:
                         bar.set_postfix_str(f"{prompt.id} T={temp} s={seed} {e.label}")
-                        fields = run_entry(e, pair, ids, temp, seed, r.max_new_tokens, eos)
+                        try:
+                            fields = run_entry(e, pair, ids, temp, seed, r.max_new_tokens, eos)
+                        except (RuntimeError, ValueError, MemoryError) as exc:
+                            # the warm-up ran every configuration, so this is a rare failure
+                            # (e.g. out of memory on one prompt): record it, keep going
+                            fields = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                            errors += 1
+                            log(f"[bench] {prompt.id} T={temp} {e.label} failed: {exc}")
                         _write(
                             fh, _record(e, prompt, ids, temp, seed, r.max_new_tokens, order, fields)
                         )
                         order += 1
                         bar.update()
         bar.close()
-    log(f"[bench] wrote {order} records to {out}")
+    log(f"[bench] wrote {order} records to {out}" + (f" ({errors} failed)" if errors else ""))
     return out
 
 

@@ -363,6 +363,9 @@ def test_prompt_longer_than_context_is_rejected(pair) -> None:
     sess = target.start(list(range(510)))
     with pytest.raises(GenerationInputError, match="exceeds the model's context window"):
         sess.score([1, 2, 3], [-1, 0, 1])
+    long_prompt = [i % V for i in range(505)]
+    with pytest.raises(GenerationInputError, match="context window of 512 tokens"):
+        ersd.generate(target, None, long_prompt, max_new_tokens=20)
 
 
 def test_vocab_size_is_the_logits_width() -> None:

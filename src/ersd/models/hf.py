@@ -303,9 +303,10 @@ class HFSession:
             else:
                 depths.append(depths[p - num_pending] + 1)
         length = len(self._committed)
-        if n and length + max(depths) > self.owner.max_context:
+        top = length + (max(depths) if n else 0)  # one past the largest position fed
+        if top > self.owner.max_context:
             raise GenerationInputError(
-                f"the sequence ({length} tokens) plus a draft tree of depth {max(depths)} exceeds "
+                f"the sequence ({length} tokens) plus a draft tree of depth {top - length} exceeds "
                 f"the model's context window of {self.owner.max_context} tokens; lower "
                 "max_new_tokens, the tree depth or the prompt length"
             )

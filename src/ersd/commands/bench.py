@@ -23,6 +23,8 @@ def _load(
     max_new_tokens: int | None,
     temperatures: str | None,
     seeds: str | None,
+    dtype: str | None = None,
+    threads: int | None = None,
 ) -> BenchConfig:
     from ersd.bench.config import BenchConfigError, _validate, load_config
 
@@ -36,6 +38,10 @@ def _load(
             cfg.run.temperatures = [float(t) for t in temperatures.split(",")]
         if seeds:
             cfg.run.seeds = [int(s) for s in seeds.split(",")]
+        if dtype:
+            cfg.models.dtype = dtype
+        if threads is not None:
+            cfg.models.threads = threads
     except ValueError as exc:
         raise BenchConfigError(
             f"bad command-line override ({exc}); use e.g. --temperatures 0,0.7,1 --seeds 0,1"
@@ -50,6 +56,13 @@ _overrides = [
     click.option("--max-new-tokens", type=int, default=None),
     click.option("--temperatures", default=None, help="Comma-separated, e.g. 0,0.7,1."),
     click.option("--seeds", default=None, help="Comma-separated, e.g. 0,1."),
+    click.option(
+        "--dtype",
+        type=click.Choice(["bfloat16", "float32", "float16"]),
+        default=None,
+        help="Override models.dtype (bfloat16 is slow on CPUs without AVX-512 bf16).",
+    ),
+    click.option("--threads", type=int, default=None, help="Override models.threads."),
 ]
 
 
@@ -100,6 +113,8 @@ def run(
     max_new_tokens: int | None,
     temperatures: str | None,
     seeds: str | None,
+    dtype: str | None,
+    threads: int | None,
     out: str | None,
     profile: str | None,
     dry_run: bool,
@@ -109,7 +124,7 @@ def run(
     from ersd.errors import ErsdError
 
     try:
-        cfg = _load(config, quick, prompts, max_new_tokens, temperatures, seeds)
+        cfg = _load(config, quick, prompts, max_new_tokens, temperatures, seeds, dtype, threads)
         if profile:
             cfg.run.profile = profile
         path = Path(out) if out else Path("bench-results") / f"{cfg.name}.jsonl"

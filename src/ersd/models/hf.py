@@ -458,6 +458,8 @@ class HFSession:
                 with torch.no_grad():
                     idx = torch.tensor([base + node for node in path], device=self.owner.device)
                     for layer in self._cache.layers:
+                        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                            continue  # a layer holding no states (e.g. KV shared with another)
                         layer.keys[..., base : base + k, :] = layer.keys.index_select(-2, idx)
                         layer.values[..., base : base + k, :] = layer.values.index_select(-2, idx)
             self._crop(base + k)

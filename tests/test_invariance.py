@@ -3,10 +3,10 @@
 ERSD emits, at every realised context, the target's winner of the race keyed by (seed, context);
 its output is therefore a deterministic function of (seed, prompt, target) and must equal
 target-only race sampling, ``generate(target, None, ...)``, token for token, whatever the drafter
-and the tree shape.  Checked here for 50 seeds x 5 drafters (good, unrelated, adversarial,
-masked, and a drafter returning fresh random logits on every call) x 4 tree shapes (chain, multi,
-batch, paths), with and without top-k/top-p and with an EOS token, on V = 6, and on V = 1000 with
-longer sequences.
+and the tree shape.  Checked here for 50 seeds x 6 drafters (good, unrelated, adversarial,
+masked, one-hot, and a drafter returning fresh random logits on every call) x 4 tree shapes
+(chain, multi, batch, paths), with and without top-k/top-p and with an EOS token, on V = 6, and
+on V = 1000 with longer sequences.
 
 The negative is checked too: every rejection-based method (and GLS, which is invariant only
 given its drafts) changes its output with the drafter for some seed, and an ERSD variant whose

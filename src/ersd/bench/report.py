@@ -547,7 +547,8 @@ def _plot_block_efficiency(rows: list[Row], path: Path) -> None:
         ax.set_xlabel("draft budget k (tokens)")
         ax.set_ylabel("block efficiency (tokens / target call)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

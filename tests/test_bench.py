@@ -249,6 +249,7 @@ def test_bundled_configs_validate(name: str) -> None:
         ({"prompts": {"template": "jinja"}}, "'auto'"),
         ({"calibrate": {"temperatures": [0.0]}}, "must be > 0"),
         ({"models": {"dtype": "int8"}}, "use 'bfloat16'"),
+        ({"models": {"draft_dtype": "int8"}}, "'' (same as dtype)"),
         ({"run": {"trees": {"ersd": ["chain:x"]}}}, "positive integer"),
         ({"extra": {}}, "unknown top-level key 'extra'"),
     ],

@@ -33,6 +33,7 @@ class ModelsConfig:
     target: str = "qwen2.5-coder-1.5b"
     draft: str = "qwen2.5-coder-0.5b"
     dtype: str = "bfloat16"
+    draft_dtype: str = ""  # "" = same as dtype; a bf16 draft for an fp32 target drafts cheaply
     device: str = "cpu"
     threads: int = 0  # torch threads; 0 = leave torch's default
     draft_layers: int = 0  # > 0: keep only the draft's first N layers (a layer-truncated draft)
@@ -198,6 +199,11 @@ def _validate(cfg: BenchConfig) -> None:
     if m.dtype not in ("float32", "bfloat16", "float16"):
         raise BenchConfigError(
             f"models.dtype {m.dtype!r} is not supported; use 'bfloat16' (speed) or 'float32'"
+        )
+    if m.draft_dtype not in ("", "float32", "bfloat16", "float16"):
+        raise BenchConfigError(
+            f"models.draft_dtype {m.draft_dtype!r} is not supported; use '' (same as dtype), "
+            "'bfloat16' or 'float32'"
         )
     if m.threads < 0 or m.draft_layers < 0:
         raise BenchConfigError(

@@ -133,7 +133,8 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
 
     target = ersd.load_model(cfg.target, dtype=cfg.dtype, device=cfg.device)
     overrides = {"num_hidden_layers": cfg.draft_layers} if cfg.draft_layers else {}
-    draft = ersd.load_model(cfg.draft, dtype=cfg.dtype, device=cfg.device, **overrides)
+    draft_dtype = cfg.draft_dtype or cfg.dtype
+    draft = ersd.load_model(cfg.draft, dtype=draft_dtype, device=cfg.device, **overrides)
     target.same_tokenizer(draft)
     return ModelPair(
         target=target,
@@ -143,5 +144,6 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
         eos_token_ids=list(target.eos_token_ids),
         description=f"{cfg.target} <- {cfg.draft}"
         + (f" (first {cfg.draft_layers} layers)" if cfg.draft_layers else "")
-        + f" ({cfg.dtype})",
+        + f" ({cfg.dtype}"
+        + (f", draft {draft_dtype})" if draft_dtype != cfg.dtype else ")"),
     )

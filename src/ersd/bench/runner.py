@@ -80,6 +80,7 @@ def run_metadata(cfg: BenchConfig, pair: ModelPair) -> dict[str, Any]:
         "transformers": _version("transformers"),
         "python": platform.python_version(),
         "dtype": cfg.models.dtype,
+        "draft_dtype": cfg.models.draft_dtype or cfg.models.dtype,
         "device": cfg.models.device,
         "torch_threads": torch.get_num_threads(),
         "cpu": _cpu_model(),

@@ -110,6 +110,13 @@ def _stats_block(res: Any, elapsed: float) -> str:
     type=click.Choice(["float32", "bfloat16", "float16"]),
     help="bfloat16 is fast on CPUs with AVX-512-bf16; float32 for bit-exact checks.",
 )
+@click.option(
+    "--draft-dtype",
+    default=None,
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="dtype of the draft (default: --dtype). A bfloat16 draft for a float32 "
+    "target keeps ERSD's identity check bit-exact and drafts cheaply.",
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option(
@@ -134,6 +141,7 @@ def generate(
     seed: int,
     max_new_tokens: int,
     dtype: str,
+    draft_dtype: str | None,
     device: str,
     chat: bool,
     compare: bool,
@@ -141,31 +149,33 @@ def generate(
 ) -> None:
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair)."""
     import ersd
+    from ersd.bench.trees import resolve_tree
     from ersd.errors import ErsdError
 
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         ersd.get_method(method)
-        ersd.parse_tree(tree)
+        shape = resolve_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
         tmodel = ersd.load_model(target, dtype=dtype, device=device)
         dmodel = None
         if draft.lower() != "none":
             overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
-            dmodel = ersd.load_model(draft, dtype=dtype, device=device, **overrides)
+            dmodel = ersd.load_model(draft, dtype=draft_dtype or dtype, device=device, **overrides)
             tmodel.same_tokenizer(dmodel)
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"
-            + (f", draft {draft}" if dmodel else ", no draft")
-            + f", {dtype}, {device}]"
+            + f" ({dtype})"
+            + (f", draft {draft} ({draft_dtype or dtype})" if dmodel else ", no draft")
+            + f", {device}]"
         )
         ids = _encode(tmodel.tokenizer, prompt, chat)
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             method=method,
-            tree=tree,
+            tree=shape,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
@@ -192,7 +202,7 @@ def generate(
             draft_forwards=sum(s.draft_forwards for s in steps),
             steps=steps,
             method=ersd.get_method(method).name,
-            tree=ersd.parse_tree(tree).spec if dmodel is not None else None,
+            tree=shape.spec if dmodel is not None else None,
             finish_reason="eos"
             if streamer.tokens and streamer.tokens[-1] in kwargs["eos_token_id"]
             else "length",
@@ -202,7 +212,7 @@ def generate(
         out: dict[str, Any] = {"text": text, **res.stats(), "tokens": res.tokens}
         if not as_json:
             click.echo("")
-            label = f"{out['method']} {res.tree}" if dmodel is not None else "target-only"
+            label = f"{out['method']} {tree}" if dmodel is not None else "target-only"
             click.echo(f"\n--- statistics ({label}, T={temperature}, seed {seed}) ---")
             click.echo(_stats_block(res, wall))
         if compare and dmodel is not None:

@@ -122,6 +122,29 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.wall_time if self.wall_time > 0 else float("inf")
 
+    @classmethod
+    def from_steps(
+        cls,
+        steps: list[StepRecord],
+        *,
+        method: str | Method,
+        tree: str | TreeShape | Sequence[Sequence[int]] | None,
+        eos_token_id: int | Sequence[int] | None,
+        wall_time: float,
+    ) -> GenerationResult:
+        """Collect the records of :func:`generate_stream` (``tree=None``: no draft was used)."""
+        tokens = [t for s in steps for t in s.tokens]
+        return cls(
+            tokens=tokens,
+            target_calls=len(steps),
+            draft_forwards=sum(s.draft_forwards for s in steps),
+            steps=steps,
+            method=get_method(method).name,
+            tree=parse_tree(tree).spec if tree is not None else None,
+            finish_reason="eos" if tokens and tokens[-1] in _eos_set(eos_token_id) else "length",
+            wall_time=wall_time,
+        )
+
     def stats(self) -> dict[str, Any]:
         """Summary statistics as a JSON-ready dict (vLLM metric names where one exists)."""
         return {
@@ -412,16 +435,10 @@ def generate(
             eos_token_id=eos_token_id,
         )
     )
-    wall = time.perf_counter() - t0
-    tokens = [t for s in steps for t in s.tokens]
-    finish = "eos" if tokens and tokens[-1] in _eos_set(eos_token_id) else "length"
-    return GenerationResult(
-        tokens=tokens,
-        target_calls=len(steps),
-        draft_forwards=sum(s.draft_forwards for s in steps),
-        steps=steps,
-        method=get_method(method).name,
-        tree=parse_tree(tree).spec if draft is not None else None,
-        finish_reason=finish,
-        wall_time=wall,
+    return GenerationResult.from_steps(
+        steps,
+        method=method,
+        tree=tree if draft is not None else None,
+        eos_token_id=eos_token_id,
+        wall_time=time.perf_counter() - t0,
     )

@@ -196,16 +196,11 @@ def generate(
             steps.append(rec)
             streamer.add(rec.tokens)
         wall = time.perf_counter() - t1
-        res = ersd.GenerationResult(
-            tokens=streamer.tokens,
-            target_calls=len(steps),
-            draft_forwards=sum(s.draft_forwards for s in steps),
-            steps=steps,
-            method=ersd.get_method(method).name,
-            tree=shape.spec if dmodel is not None else None,
-            finish_reason="eos"
-            if streamer.tokens and streamer.tokens[-1] in kwargs["eos_token_id"]
-            else "length",
+        res = ersd.GenerationResult.from_steps(
+            steps,
+            method=method,
+            tree=shape if dmodel is not None else None,
+            eos_token_id=kwargs["eos_token_id"],
             wall_time=wall,
         )
         text = tmodel.tokenizer.decode(res.tokens, skip_special_tokens=True)

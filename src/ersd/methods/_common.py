@@ -96,7 +96,19 @@ def residual_uniform(noise: NodeNoise) -> float:
     return noise.uniforms(STREAM_RESIDUAL, 1)[0]
 
 
-class RecursiveRejection(Method):
+class KeyedCoins(Method):
+    """Verification randomness of the rejection-based methods, as two overridable hooks."""
+
+    def verify_uniforms(self, noise: NodeNoise, n: int) -> list[float]:
+        """The ``n`` acceptance coins (``STREAM_VERIFY``, independent of the draft lanes)."""
+        return verify_uniforms(noise, n)
+
+    def sample_residual(self, residual_probs: torch.Tensor, noise: NodeNoise) -> int:
+        """Draw the correction token from ``residual_probs`` (``STREAM_RESIDUAL``)."""
+        return sample_categorical(residual_probs, residual_uniform(noise))
+
+
+class RecursiveRejection(KeyedCoins):
     """Recursive rejection sampling over a node's children, tried in order (base class).
 
     For child ``x_j`` with current target ``p_j`` and draft ``q_j``: accept with probability
@@ -128,14 +140,6 @@ class RecursiveRejection(Method):
     def next_draft_probs(self, draft_probs: torch.Tensor, token: int) -> torch.Tensor:
         """Draft distribution of the next child after rejecting ``token`` (i.i.d.: unchanged)."""
         return draft_probs
-
-    def verify_uniforms(self, noise: NodeNoise, n: int) -> list[float]:
-        """The ``n`` acceptance coins (``STREAM_VERIFY``, independent of the draft lanes)."""
-        return verify_uniforms(noise, n)
-
-    def sample_residual(self, residual_probs: torch.Tensor, noise: NodeNoise) -> int:
-        """Draw the correction token from ``residual_probs`` (``STREAM_RESIDUAL``)."""
-        return sample_categorical(residual_probs, residual_uniform(noise))
 
     # --- rule ----------------------------------------------------------------------------------
 

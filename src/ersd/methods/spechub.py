@@ -31,19 +31,18 @@ import torch
 
 from ersd.errors import ErsdError, UnsupportedTreeError
 from ersd.methods._common import (
+    KeyedCoins,
     accept_probability,
     lane_uniform,
     normalised_or,
     positive_part,
-    residual_uniform,
     sample_categorical,
-    verify_uniforms,
 )
-from ersd.methods.base import Method, NodeDecision, NodeNoise
+from ersd.methods.base import NodeDecision, NodeNoise
 from ersd.tree import TreeShape
 
 
-class SpecHub(Method):
+class SpecHub(KeyedCoins):
     name = "spechub"
     summary = "SpecHub: two drafts around the draft's argmax (hub), LP-optimal acceptance"
     supported_shapes = (
@@ -91,12 +90,6 @@ class SpecHub(Method):
         if hub >= 0:
             r[hub] = max(float(target_probs[hub]) - hub_mass, 0.0)
         return normalised_or(r, target_probs)
-
-    def verify_uniforms(self, noise: NodeNoise, n: int) -> list[float]:
-        return verify_uniforms(noise, n)
-
-    def sample_residual(self, residual_probs: torch.Tensor, noise: NodeNoise) -> int:
-        return sample_categorical(residual_probs, residual_uniform(noise))
 
     # --- rules ---------------------------------------------------------------------------------
 

@@ -25,15 +25,13 @@ from collections.abc import Sequence
 import torch
 
 from ersd.methods._common import (
+    KeyedCoins,
     accept_probability,
     iid_draws,
     normalised_or,
     positive_part,
-    residual_uniform,
-    sample_categorical,
-    verify_uniforms,
 )
-from ersd.methods.base import Method, NodeDecision, NodeNoise
+from ersd.methods.base import NodeDecision, NodeNoise
 
 
 def _beta(p: torch.Tensor, q: torch.Tensor, rho: float) -> float:
@@ -98,7 +96,7 @@ def spectr_rho(
     return hi
 
 
-class SpecTr(Method):
+class SpecTr(KeyedCoins):
     name = "spectr"
     summary = "SpecTr k-sequential selection over i.i.d. drafts"
     supported_shapes = "any tree (children are i.i.d. draft lanes)"
@@ -129,12 +127,6 @@ class SpecTr(Method):
             return target_probs
         p_acc = 1.0 - (1.0 - beta) ** num_drafts
         return normalised_or(positive_part(target_probs - (p_acc / beta) * accepted), target_probs)
-
-    def verify_uniforms(self, noise: NodeNoise, n: int) -> list[float]:
-        return verify_uniforms(noise, n)
-
-    def sample_residual(self, residual_probs: torch.Tensor, noise: NodeNoise) -> int:
-        return sample_categorical(residual_probs, residual_uniform(noise))
 
     # --- rule ----------------------------------------------------------------------------------
 

@@ -67,17 +67,24 @@ def __dir__() -> list[str]:
 
 
 def load_model(
-    name_or_path: str, *, dtype: str = "float32", device: str = "cpu", **config_overrides: Any
+    name_or_path: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    linear: str = "auto",
+    **config_overrides: Any,
 ) -> Any:
     """Load a Hugging Face causal LM (bundled offline name, local folder or hub id).
 
     Returns an :class:`ersd.models.hf.HFModel` (``.tokenizer``, ``.vocab_size``), accepted by
-    :func:`ersd.generate`; ``config_overrides`` go to the model config (``num_hidden_layers=K``
-    makes a layer-truncated draft).  transformers is imported only here.
+    :func:`ersd.generate`; ``dtype="int8"`` quantizes a CPU draft, ``linear`` picks the CPU
+    linear-layer path (see :func:`ersd.models.hf.load_model`); ``config_overrides`` go to the model
+    config (``num_hidden_layers=K`` makes a layer-truncated draft).  transformers is imported only
+    here.
     """
     from ersd.models.hf import load_model as _load
 
-    return _load(name_or_path, dtype=dtype, device=device, **config_overrides)
+    return _load(name_or_path, dtype=dtype, device=device, linear=linear, **config_overrides)
 
 
 __all__ = [

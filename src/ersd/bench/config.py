@@ -33,7 +33,8 @@ class ModelsConfig:
     target: str = "qwen2.5-coder-1.5b"
     draft: str = "qwen2.5-coder-0.5b"
     dtype: str = "bfloat16"
-    draft_dtype: str = ""  # "" = same as dtype; a bf16 draft for an fp32 target drafts cheaply
+    draft_dtype: str = ""  # "" = same as dtype; "int8" (CPU): a dynamically quantized draft
+    linear: str = "auto"  # float32 CPU linears: auto/onednn (prepacked weights) or torch (stock)
     device: str = "cpu"
     threads: int = 0  # torch threads; 0 = leave torch's default
     draft_layers: int = 0  # > 0: keep only the draft's first N layers (a layer-truncated draft)
@@ -200,10 +201,14 @@ def _validate(cfg: BenchConfig) -> None:
         raise BenchConfigError(
             f"models.dtype {m.dtype!r} is not supported; use 'bfloat16' (speed) or 'float32'"
         )
-    if m.draft_dtype not in ("", "float32", "bfloat16", "float16"):
+    if m.draft_dtype not in ("", "float32", "bfloat16", "float16", "int8"):
         raise BenchConfigError(
             f"models.draft_dtype {m.draft_dtype!r} is not supported; use '' (same as dtype), "
-            "'bfloat16' or 'float32'"
+            "'int8' (CPU: dynamic int8 quantization), 'bfloat16' or 'float32'"
+        )
+    if m.linear not in ("auto", "onednn", "torch"):
+        raise BenchConfigError(
+            f"models.linear {m.linear!r} is not supported; use 'auto', 'onednn' or 'torch'"
         )
     if m.threads < 0 or m.draft_layers < 0:
         raise BenchConfigError(

@@ -131,10 +131,12 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
         return _toy_pair() if cfg.target == "toy" else _tiny_qwen2_pair(cfg.dtype)
     import ersd
 
-    target = ersd.load_model(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    target = ersd.load_model(cfg.target, dtype=cfg.dtype, device=cfg.device, linear=cfg.linear)
     overrides = {"num_hidden_layers": cfg.draft_layers} if cfg.draft_layers else {}
     draft_dtype = cfg.draft_dtype or cfg.dtype
-    draft = ersd.load_model(cfg.draft, dtype=draft_dtype, device=cfg.device, **overrides)
+    draft = ersd.load_model(
+        cfg.draft, dtype=draft_dtype, device=cfg.device, linear=cfg.linear, **overrides
+    )
     target.same_tokenizer(draft)
     return ModelPair(
         target=target,
@@ -145,5 +147,6 @@ def load_pair(cfg: ModelsConfig) -> ModelPair:
         description=f"{cfg.target} <- {cfg.draft}"
         + (f" (first {cfg.draft_layers} layers)" if cfg.draft_layers else "")
         + f" ({cfg.dtype}"
-        + (f", draft {draft_dtype})" if draft_dtype != cfg.dtype else ")"),
+        + (f", draft {draft_dtype}" if draft_dtype != cfg.dtype else "")
+        + f"; linear layers: target {target.linear_backend}, draft {draft.linear_backend})",
     )

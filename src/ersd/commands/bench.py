@@ -25,6 +25,7 @@ def _load(
     seeds: str | None,
     dtype: str | None = None,
     threads: int | None = None,
+    draft_dtype: str | None = None,
 ) -> BenchConfig:
     from ersd.bench.config import BenchConfigError, _validate, load_config
 
@@ -40,6 +41,8 @@ def _load(
             cfg.run.seeds = [int(s) for s in seeds.split(",")]
         if dtype:
             cfg.models.dtype = dtype
+        if draft_dtype:
+            cfg.models.draft_dtype = draft_dtype
         if threads is not None:
             cfg.models.threads = threads
     except ValueError as exc:
@@ -61,6 +64,12 @@ _overrides = [
         type=click.Choice(["bfloat16", "float32", "float16"]),
         default=None,
         help="Override models.dtype (bfloat16 is slow on CPUs without AVX-512 bf16).",
+    ),
+    click.option(
+        "--draft-dtype",
+        type=click.Choice(["bfloat16", "float32", "float16", "int8"]),
+        default=None,
+        help="Override models.draft_dtype (int8: dynamically quantized CPU draft).",
     ),
     click.option("--threads", type=int, default=None, help="Override models.threads."),
 ]
@@ -114,6 +123,7 @@ def run(
     temperatures: str | None,
     seeds: str | None,
     dtype: str | None,
+    draft_dtype: str | None,
     threads: int | None,
     out: str | None,
     profile: str | None,
@@ -124,7 +134,9 @@ def run(
     from ersd.errors import ErsdError
 
     try:
-        cfg = _load(config, quick, prompts, max_new_tokens, temperatures, seeds, dtype, threads)
+        cfg = _load(
+            config, quick, prompts, max_new_tokens, temperatures, seeds, dtype, threads, draft_dtype
+        )
         if profile:
             cfg.run.profile = profile
         path = Path(out) if out else Path("bench-results") / f"{cfg.name}.jsonl"

@@ -113,9 +113,17 @@ def _stats_block(res: Any, elapsed: float) -> str:
 @click.option(
     "--draft-dtype",
     default=None,
-    type=click.Choice(["float32", "bfloat16", "float16"]),
-    help="dtype of the draft (default: --dtype). A bfloat16 draft for a float32 "
-    "target keeps ERSD's identity check bit-exact and drafts cheaply.",
+    type=click.Choice(["float32", "bfloat16", "float16", "int8"]),
+    help="dtype of the draft (default: --dtype). int8 (CPU): dynamic int8 quantization, the "
+    "cheapest draft; with a float32 target ERSD's identity check stays bit-exact.",
+)
+@click.option(
+    "--linear",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "onednn", "torch"]),
+    help="float32 CPU linear layers: onednn stores weights prepacked (scoring k tokens costs "
+    "little more than 1); torch = stock nn.Linear; auto = onednn where available.",
 )
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
@@ -142,6 +150,7 @@ def generate(
     max_new_tokens: int,
     dtype: str,
     draft_dtype: str | None,
+    linear: str,
     device: str,
     chat: bool,
     compare: bool,
@@ -159,15 +168,18 @@ def generate(
         shape = resolve_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
-        tmodel = ersd.load_model(target, dtype=dtype, device=device)
+        tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
         dmodel = None
         if draft.lower() != "none":
             overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
-            dmodel = ersd.load_model(draft, dtype=draft_dtype or dtype, device=device, **overrides)
+            dmodel = ersd.load_model(
+                draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
+            )
             tmodel.same_tokenizer(dmodel)
+        onednn = " oneDNN" if tmodel.linear_backend == "onednn" else ""
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"
-            + f" ({dtype})"
+            + f" ({dtype}{onednn})"
             + (f", draft {draft} ({draft_dtype or dtype})" if dmodel else ", no draft")
             + f", {device}]"
         )

@@ -37,9 +37,13 @@ def test_models_requirements() -> None:
 
 
 @pytest.mark.realmodel
-def test_generate_compare_json_on_smollm2() -> None:
+@pytest.mark.parametrize(
+    "cpu_args", [[], ["--draft-dtype", "int8", "--linear", "torch"]], ids=["default", "int8-torch"]
+)
+def test_generate_compare_json_on_smollm2(cpu_args: list[str]) -> None:
     args = [
         "generate",
+        *cpu_args,
         "--target",
         "smollm2-135m",
         "--draft",
@@ -66,3 +70,8 @@ def test_generate_compare_json_on_smollm2() -> None:
     assert len(out["tokens"]) == 12 or out["finish_reason"] == "eos"
     assert out["block_efficiency"] == pytest.approx(len(out["tokens"]) / out["target_calls"])
     assert out["identical_to_target_only"] is True  # ERSD is drafter invariant (float32)
+    # the load line names the target's linear-layer path (oneDNN by default where available)
+    from ersd.models.cpu import onednn_available
+
+    assert ("float32 oneDNN" in res.stderr) == (not cpu_args and onednn_available())
+    assert ("(int8)" in res.stderr) == bool(cpu_args)

@@ -448,7 +448,8 @@ def test_same_tokenizer_rejects_different_vocabularies() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the bundled SmolLM2-135M (float32 target; drafts: a layer-truncated copy, a bfloat16 copy)
+# the bundled SmolLM2-135M (float32 target with oneDNN linears; drafts: a layer-truncated copy,
+# a bfloat16 copy, an int8 copy)
 
 
 @pytest.fixture(scope="module")
@@ -457,6 +458,7 @@ def smol() -> dict[str, HFModel]:
         "target": ersd.load_model("smollm2-135m"),
         "truncated": ersd.load_model("smollm2-135m", num_hidden_layers=8),
         "bf16": ersd.load_model("smollm2-135m", dtype="bfloat16"),
+        "int8": ersd.load_model("smollm2-135m", dtype="int8"),
     }
 
 
@@ -472,7 +474,7 @@ def _target_only(target: HFModel, prompt: list[int], seed: int) -> list[int]:
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize(
-    ("draft", "seed"), [("truncated", 0), ("truncated", 1), ("bf16", 2)], ids=str
+    ("draft", "seed"), [("truncated", 0), ("truncated", 1), ("bf16", 2), ("int8", 3)], ids=str
 )
 @pytest.mark.parametrize("tree", TREE_SPECS)
 def test_smollm2_ersd_is_drafter_invariant(smol, draft: str, seed: int, tree: str) -> None:
@@ -480,7 +482,7 @@ def test_smollm2_ersd_is_drafter_invariant(smol, draft: str, seed: int, tree: st
     prompt = target.tokenizer.encode(SMOL_PROMPT)
     res = ersd.generate(target, smol[draft], prompt, max_new_tokens=20, seed=seed, tree=tree)
     assert res.tokens == _target_only(target, prompt, seed)
-    if draft == "bf16":  # a near-perfect draft: whole trees accepted, the cache moves along them
+    if draft in ("bf16", "int8"):  # near-perfect drafts: whole trees accepted, the cache moves
         assert res.block_efficiency > 2.0
 
 

@@ -30,7 +30,7 @@ LINEAR_MODES = ("auto", "torch", "onednn")
 
 
 class OneDNNLinear(torch.nn.Module):
-    """A float32 ``nn.Linear`` whose weight lives in oneDNN's layout (``torch._C._nn.mkldnn_linear``)."""
+    """A float32 ``nn.Linear`` with its weight kept in oneDNN's layout (``mkldnn_linear``)."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
@@ -106,7 +106,9 @@ def quantize_int8(model: torch.nn.Module) -> int:
     """
     param = next(model.parameters())
     if param.device.type != "cpu":
-        raise ValueError("int8 dynamic quantization runs on CPU only; load the draft with device='cpu'")
+        raise ValueError(
+            "int8 dynamic quantization runs on CPU only; load the draft with device='cpu'"
+        )
     if param.dtype != torch.float32:
         model.float()
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic

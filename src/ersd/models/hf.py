@@ -120,7 +120,8 @@ class HFModel:
 
     def __repr__(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
-        weights = "int8" if self.linear_backend == "int8" else str(self.dtype).removeprefix("torch.")
+        dtype = str(self.dtype).removeprefix("torch.")
+        weights = "int8" if self.linear_backend == "int8" else dtype
         extra = ", linear=onednn" if self.linear_backend == "onednn" else ""
         return f"HFModel({name!r}, vocab_size={self.vocab_size}, weights={weights}{extra})"
 
@@ -671,6 +672,11 @@ def load_model(
 
     backend = "torch"
     if quantize:
+        # dynamic int8 quantizes activations with one scale per call, so tree rows are no longer
+        # independent to the last bit and the 4-D mask probe would misread that as "masks are
+        # ignored": probe the float model (the architecture), then quantize
+        if tree_attention == "auto":
+            tree_attention = HFModel(model, tokenizer).resolved_tree_attention()
         cpu.quantize_int8(model)
         backend = "int8"
     elif linear == "onednn" or (linear == "auto" and device == "cpu"):

@@ -23,19 +23,14 @@ import ersd
 from ersd.errors import ModelLoadError
 from ersd.models import cpu
 from ersd.models.hf import HFModel, from_pretrained_model
-from tests.test_hf_adapter import V, _tokenizer, tiny_config, tiny_model
+from tests.test_hf_adapter import V, save_tiny, tiny_config, tiny_model
 
 needs_onednn = pytest.mark.skipif(
     not cpu.onednn_available(), reason="this torch build has no oneDNN linear on this CPU"
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _logits(model: Any, seq: list[int]) -> torch.Tensor:
@@ -125,10 +120,7 @@ def test_ersd_with_prepacked_target_and_int8_draft_is_drafter_invariant(tree: st
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-qwen2")
-    tiny_model("qwen2", 1).save_pretrained(folder)
-    _tokenizer(V).save_pretrained(folder)
-    return folder
+    return save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", 1)
 
 
 def test_load_model_picks_the_linear_path(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:

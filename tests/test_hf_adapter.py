@@ -35,13 +35,7 @@ V = 320
 ATOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Any:
-    """Tiny matrices: intra-op threads only add synchronisation (10x slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(arch: str, vocab: int = V, layers: int = 2) -> Any:
@@ -399,12 +393,16 @@ def _tokenizer(n: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1")
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", 0).save_pretrained(folder)
+def save_tiny(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
+    """A tiny random model with a word-level tokenizer, saved as a Hugging Face folder."""
+    tiny_model(arch, seed).save_pretrained(folder)
     _tokenizer(V).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def test_load_model_from_folder_with_overrides(saved: Path) -> None:

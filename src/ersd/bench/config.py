@@ -206,9 +206,11 @@ def _validate(cfg: BenchConfig) -> None:
             f"models.draft_dtype {m.draft_dtype!r} is not supported; use '' (same as dtype), "
             "'int8' (CPU: dynamic int8 quantization), 'bfloat16' or 'float32'"
         )
-    if m.linear not in ("auto", "onednn", "torch"):
+    from ersd.models.cpu import LINEAR_MODES
+
+    if m.linear not in LINEAR_MODES:
         raise BenchConfigError(
-            f"models.linear {m.linear!r} is not supported; use 'auto', 'onednn' or 'torch'"
+            f"models.linear {m.linear!r} is not supported; use one of {LINEAR_MODES}"
         )
     if m.threads < 0 or m.draft_layers < 0:
         raise BenchConfigError(

@@ -114,9 +114,16 @@ class HFModel:
         # transformers renamed forward's ``past_key_values`` to ``cache`` (5.2x); use what it takes
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.linear_backend = "torch"  # "onednn" / "int8" when load_model converted the linears
         self.forward_calls = 0  # scoring forwards (the adapter's own bookkeeping excluded)
         self.forward_seconds = 0.0  # seconds inside those forwards
+
+    @property
+    def linear_backend(self) -> str:
+        """``"onednn"``, ``"int8"`` or ``"torch"``: the CPU path of the linear layers
+        (:mod:`ersd.models.cpu`)."""
+        from ersd.models.cpu import linear_backend
+
+        return linear_backend(self.model)
 
     def __repr__(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
@@ -670,7 +677,6 @@ def load_model(
         model.to(device)
     from ersd.models import cpu
 
-    backend = "torch"
     if quantize:
         # dynamic int8 quantizes activations with one scale per call, so tree rows are no longer
         # independent to the last bit and the 4-D mask probe would misread that as "masks are
@@ -678,15 +684,11 @@ def load_model(
         if tree_attention == "auto":
             tree_attention = HFModel(model, tokenizer).resolved_tree_attention()
         cpu.quantize_int8(model)
-        backend = "int8"
     elif linear == "onednn" or (linear == "auto" and device == "cpu"):
-        if cpu.prepack_linears(model):
-            backend = "onednn"
-        elif linear == "onednn":
+        prepacked = cpu.prepack_linears(model)
+        if not prepacked and linear == "onednn":
             raise ModelLoadError(
                 "linear='onednn' needs a float32 model on CPU and a torch build with oneDNN "
                 f"(got {torch_dtype} on {device}); use linear='torch' or 'auto'"
             )
-    hf = HFModel(model, tokenizer, tree_attention=tree_attention)
-    hf.linear_backend = backend
-    return hf
+    return HFModel(model, tokenizer, tree_attention=tree_attention)

@@ -23,7 +23,7 @@ import ersd
 from ersd.errors import ModelLoadError
 from ersd.models import cpu
 from ersd.models.hf import HFModel, from_pretrained_model
-from tests.test_hf_adapter import V, save_tiny, tiny_config, tiny_model
+from tests.hf_tiny import V, save_tiny, tiny_config, tiny_model
 
 needs_onednn = pytest.mark.skipif(
     not cpu.onednn_available(), reason="this torch build has no oneDNN linear on this CPU"
@@ -128,13 +128,13 @@ def test_load_model_picks_the_linear_path(saved: Path, monkeypatch: pytest.Monke
     assert auto.linear_backend == ("onednn" if cpu.onednn_available() else "torch")
     stock = ersd.load_model(str(saved), linear="torch")
     assert stock.linear_backend == "torch"
-    assert any(type(m) is torch.nn.Linear for m in stock.model.modules())
+    assert any(type(m) is torch.nn.Linear for m in stock.hf_module.modules())
     draft = ersd.load_model(str(saved), dtype="int8")
     assert draft.linear_backend == "int8" and "weights=int8" in repr(draft)
     assert isinstance(draft, HFModel) and draft.vocab_size == V
-    auto.same_tokenizer(draft)
+    auto.check_compatible(draft)
     torch.testing.assert_close(
-        _logits(auto.model, SEQ), _logits(stock.model, SEQ), atol=1e-4, rtol=1e-5
+        _logits(auto.hf_module, SEQ), _logits(stock.hf_module, SEQ), atol=1e-4, rtol=1e-5
     )
     # where oneDNN is missing, "auto" quietly keeps nn.Linear and "onednn" says what to do
     monkeypatch.setattr(cpu, "_ONEDNN_OK", False)

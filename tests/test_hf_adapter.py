@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,61 +19,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM
 
 import ersd
-from ersd.errors import (
-    GenerationInputError,
-    ModelLoadError,
-    VocabularyMismatchError,
-)
-from ersd.models import hf
+from ersd.errors import GenerationInputError
 from ersd.models.hf import HFModel, HFSession, from_pretrained_model
+from tests.hf_tiny import V, plain_logits, tiny_config, tiny_model, word_tokenizer
 
-V = 320
 ATOL = 1e-4
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_config(arch: str, vocab: int = V, layers: int = 2) -> Any:
-    common: dict[str, Any] = dict(
-        vocab_size=vocab,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,  # peaked logits: greedy comparisons without near-ties
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    if arch == "llama":
-        return LlamaConfig(**common)
-    return Qwen2Config(**common)
-
-
-def tiny_model(
-    arch: str = "llama", seed: int = 0, attn: str = "sdpa", window: int | None = None, **kw: Any
-) -> Any:
-    torch.manual_seed(seed)
-    config = tiny_config(arch, **kw)
-    if window:  # layer 0 full attention, layer 1 sliding window
-        config = Qwen2Config(
-            **{
-                **config.to_dict(),
-                "use_sliding_window": True,
-                "sliding_window": window,
-                "max_window_layers": 1,
-                "layer_types": None,
-            }
-        )
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-    return model.eval()
 
 
 MODELS: dict[str, Callable[[], Any]] = {
@@ -89,12 +44,6 @@ MODELS: dict[str, Callable[[], Any]] = {
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request: pytest.FixtureRequest) -> Any:
     return MODELS[request.param]()
-
-
-def plain_logits(model: Any, seq: list[int]) -> torch.Tensor:
-    """Next-token logits after ``seq`` from a plain forward without cache."""
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([seq])).logits[0, -1].float()
 
 
 class Checker:
@@ -262,7 +211,7 @@ def pair() -> tuple[HFModel, HFModel]:
     # a related draft: the target's first layer only (shares the embedding and head)
     torch.manual_seed(0)
     draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
-    draft_model.load_state_dict(target.model.state_dict(), strict=False)
+    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
     return target, from_pretrained_model(draft_model.eval())
 
 
@@ -294,7 +243,7 @@ def test_ersd_is_drafter_invariant_end_to_end(pair, tree: str, sampling: dict) -
 
 def test_perfect_draft_accepts_whole_trees(pair) -> None:
     target, _ = pair
-    twin = from_pretrained_model(target.model)
+    twin = from_pretrained_model(target.hf_module)
     res = ersd.generate(target, twin, [1, 2], max_new_tokens=30, tree="chain:4", seed=3)
     alone = ersd.generate(target, None, [1, 2], max_new_tokens=30, seed=3)
     assert res.tokens == alone.tokens
@@ -306,7 +255,7 @@ def test_greedy_equals_transformers_generate(pair, tree: str | None) -> None:
     target, draft = pair
     prompt = [9, 8, 7, 6]
     with torch.no_grad():
-        ref = target.model.generate(
+        ref = target.hf_module.generate(
             torch.tensor([prompt]), do_sample=False, max_new_tokens=20, pad_token_id=0
         )[0, len(prompt) :].tolist()
     res = ersd.generate(
@@ -364,7 +313,7 @@ def test_prompt_longer_than_context_is_rejected(pair) -> None:
 
 def test_vocab_size_is_the_logits_width() -> None:
     model = tiny_model("qwen2", 0, vocab=V)
-    hm = from_pretrained_model(model, tokenizer=_tokenizer(V - 20))
+    hm = from_pretrained_model(model, tokenizer=word_tokenizer(V - 20))
     assert hm.vocab_size == V == hm.start([1]).score([], []).shape[1]
 
 
@@ -375,74 +324,6 @@ def test_bfloat16_tree_rows_are_close() -> None:
     assert rows.dtype == torch.float32
     for i, seq in enumerate([[1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 5, 6]]):
         assert (rows[i] - plain_logits(model, seq)).abs().max().item() < 0.1
-
-
-# ---------------------------------------------------------------------------------------------
-# loading and bad input
-
-
-def _tokenizer(n: int) -> Any:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(n)}
-    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1")
-
-
-def save_tiny(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """A tiny random model with a word-level tokenizer, saved as a Hugging Face folder."""
-    tiny_model(arch, seed).save_pretrained(folder)
-    _tokenizer(V).save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def test_load_model_from_folder_with_overrides(saved: Path) -> None:
-    full = ersd.load_model(str(saved))
-    assert isinstance(full, HFModel) and full.vocab_size == V
-    assert full.tokenizer.encode("w5 w7") == [5, 7]
-    draft = ersd.load_model(str(saved), num_hidden_layers=1, dtype="bfloat16")
-    assert draft.model.config.num_hidden_layers == 1 and draft.dtype == torch.bfloat16
-    full.same_tokenizer(draft)
-    res = ersd.generate(full, draft, [5, 7], max_new_tokens=6, seed=0, tree="chain:2")
-    assert res.tokens == ersd.generate(full, None, [5, 7], max_new_tokens=6, seed=0).tokens
-
-
-def test_load_model_bad_input(saved: Path) -> None:
-    with pytest.raises(ModelLoadError, match="unsupported dtype 'float8'.*bfloat16"):
-        ersd.load_model(str(saved), dtype="float8")
-    with pytest.raises(ModelLoadError, match=r"unknown model 'gpt-17'.*smollm2-135m.*network"):
-        ersd.load_model("gpt-17")
-    with pytest.raises(ModelLoadError, match="unknown config overrides.*num_hiden_layers"):
-        ersd.load_model(str(saved), num_hiden_layers=1)
-
-
-def test_memory_hint(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf, "_available_memory", lambda: 1000)
-    with pytest.warns(ResourceWarning, match="only 0.0 GiB of memory is available.*bfloat16"):
-        ersd.load_model(str(saved))
-
-
-def test_same_tokenizer_rejects_different_vocabularies() -> None:
-    a = from_pretrained_model(tiny_model("llama", 0), _tokenizer(V))
-    b = from_pretrained_model(tiny_model("llama", 1), _tokenizer(V))
-    a.same_tokenizer(b)
-    other = _tokenizer(V)
-    other.add_tokens(["zzz"])
-    c = from_pretrained_model(tiny_model("llama", 1), other)
-    with pytest.raises(VocabularyMismatchError, match="tokenizers differ.*family"):
-        a.same_tokenizer(c)
-    d = from_pretrained_model(tiny_model("llama", 1, vocab=V + 8), _tokenizer(V))
-    with pytest.raises(VocabularyMismatchError, match="320 and 328 columns"):
-        a.same_tokenizer(d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +370,7 @@ def test_smollm2_greedy_equals_transformers_generate(smol) -> None:
     target = smol["target"]
     prompt = target.tokenizer.encode(SMOL_PROMPT)
     with torch.no_grad():
-        ref = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24)[
+        ref = target.hf_module.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24)[
             0, len(prompt) :
         ].tolist()
     for draft, tree in [(None, "chain:1"), ("bf16", "multi:2x2"), ("truncated", "chain:3")]:
@@ -507,7 +388,7 @@ def test_smollm2_greedy_equals_transformers_generate(smol) -> None:
 @pytest.mark.realmodel
 def test_smollm2_tree_rows_equal_path_forwards(smol) -> None:
     target = smol["target"]
-    chk = Checker(target.model, target.start(target.tokenizer.encode(SMOL_PROMPT)))
+    chk = Checker(target.hf_module, target.start(target.tokenizer.encode(SMOL_PROMPT)))
     chk.vocab = target.vocab_size
     chk.atol = 2e-3  # logits of size ~20 in float32
     rng = random.Random(7)

@@ -138,7 +138,7 @@ for device, dtype, pairs, n in PLAN:
         torch.set_num_threads(2)  # like the 2-core dev machines
     for tcfg, dcfg in pairs:
         target = build(f"scripts/device/{tcfg}.json", device, dtype, 0)
-        twin = hf.from_pretrained_model(target.model)  # perfect draft: whole trees accepted
+        twin = hf.from_pretrained_model(target.hf_module)  # perfect draft: whole trees accepted
         other = build(f"scripts/device/{dcfg}.json", device, dtype, 1)  # random draft: rejections
         split(target, twin, None, n)  # warm-up
         for label, draft in [("twin draft", twin), ("independent draft", other)]:

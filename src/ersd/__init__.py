@@ -3,7 +3,9 @@
 Public API::
 
     ersd.FunctionModel(fn, vocab_size)      # weight-free model
-    ersd.load_model(name_or_path, ...)      # Hugging Face model (bundled offline weights or hub)
+    ersd.load_model(name_or_path, ...)      # a TextModel: HF (bundled, folder, hub id) or "toy"
+    ersd.LanguageModel, ersd.ModelSession   # the backend protocol (docs/backends.md)
+    ersd.TextModel, ersd.Tokenizer          # ... with tokenizer, EOS ids, compatibility check
     ersd.generate(target, draft, prompt, max_new_tokens=..., method="ersd", tree="chain:4", ...)
     ersd.GenerationResult                   # .tokens, .target_calls, .block_efficiency, ...
     ersd.METHODS                            # registry of verification methods
@@ -32,7 +34,9 @@ from ersd.errors import (
 if TYPE_CHECKING:
     from ersd.generation import GenerationResult, StepRecord, generate, generate_stream
     from ersd.methods import METHODS, get_method
+    from ersd.models.base import LanguageModel, ModelSession, TextModel, Tokenizer
     from ersd.models.function import FunctionModel
+    from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.tree import TreeShape, parse_tree
 
@@ -46,6 +50,11 @@ _LAZY: dict[str, str] = {
     "METHODS": "ersd.methods",
     "get_method": "ersd.methods",
     "FunctionModel": "ersd.models.function",
+    "LanguageModel": "ersd.models.base",
+    "ModelSession": "ersd.models.base",
+    "TextModel": "ersd.models.base",
+    "Tokenizer": "ersd.models.base",
+    "load_model": "ersd.models.loading",
     "SamplingParams": "ersd.probs",
     "logits_to_probs": "ersd.probs",
     "TreeShape": "ersd.tree",
@@ -66,27 +75,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def load_model(
-    name_or_path: str,
-    *,
-    dtype: str = "float32",
-    device: str = "cpu",
-    linear: str = "auto",
-    **config_overrides: Any,
-) -> Any:
-    """Load a Hugging Face causal LM (bundled offline name, local folder or hub id).
-
-    Returns an :class:`ersd.models.hf.HFModel` (``.tokenizer``, ``.vocab_size``), accepted by
-    :func:`ersd.generate`; ``dtype="int8"`` quantizes a CPU draft, ``linear`` picks the CPU
-    linear-layer path (see :func:`ersd.models.hf.load_model`); ``config_overrides`` go to the model
-    config (``num_hidden_layers=K`` makes a layer-truncated draft).  transformers is imported only
-    here.
-    """
-    from ersd.models.hf import load_model as _load
-
-    return _load(name_or_path, dtype=dtype, device=device, linear=linear, **config_overrides)
-
-
 __all__ = [
     "METHODS",
     "ErsdError",
@@ -95,10 +83,14 @@ __all__ = [
     "GenerationResult",
     "InvalidLogitsError",
     "InvalidTreeSpecError",
+    "LanguageModel",
     "ModelLoadError",
+    "ModelSession",
     "SamplingParams",
     "SamplingParamsError",
     "StepRecord",
+    "TextModel",
+    "Tokenizer",
     "TreeShape",
     "UnknownMethodError",
     "UnsupportedTreeError",

@@ -192,10 +192,11 @@ class _LazyProbs:
 
 
 def _check_model(model: Any, role: str) -> None:
-    if not hasattr(model, "vocab_size") or not hasattr(model, "start"):
+    if not isinstance(model, LanguageModel):
         raise GenerationInputError(
-            f"{role} must be a model with .vocab_size and .start(prompt) (e.g. ersd.FunctionModel "
-            f"or ersd.load_model(...)), got {type(model).__name__}"
+            f"{role} must be a model with .vocab_size, .max_length and .start(prompt) (an "
+            f"ersd.LanguageModel, e.g. ersd.FunctionModel or ersd.load_model(...)), got "
+            f"{type(model).__name__}"
         )
 
 

@@ -130,7 +130,14 @@ def hf_assisted(
     """
     from transformers import GenerationConfig
 
-    tm, dm = target.model, draft.model
+    from ersd.models.hf import HFModel
+
+    if not (isinstance(target, HFModel) and isinstance(draft, HFModel)):
+        raise TypeError(
+            "hf_assisted needs two Hugging Face models (ersd.models.hf.HFModel), got "
+            f"{type(target).__name__} and {type(draft).__name__}"
+        )
+    tm, dm = target.hf_module, draft.hf_module
     eos = list(eos_token_id or [])
     gen_cfg = GenerationConfig(
         do_sample=temperature > 0,

@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ersd.bench.config import PROMPT_SETS, BenchConfigError
+from ersd.errors import ErsdError
+
+if TYPE_CHECKING:
+    from ersd.models.base import Tokenizer
 
 _FILES = {"humaneval": "humaneval", "mtbench": "mtbench", "math": "math"}
 
@@ -40,17 +44,18 @@ def load_prompts(sets: list[str], split: str, count: int) -> list[Prompt]:
     return out
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, template: str, max_tokens: int) -> list[int]:
+def encode_prompt(
+    tokenizer: Tokenizer, prompt: Prompt, template: str, max_tokens: int
+) -> list[int]:
     """Token ids of a prompt: code raw (completion), chat and math through the chat template
     when the tokenizer has one (``template = "auto"``); the last ``max_tokens`` are kept."""
     use_chat = template == "chat" or (template == "auto" and prompt.domain != "code")
-    if use_chat and getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True
-        )
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        ids = [int(t) for t in out]
-    else:
-        ids = [int(t) for t in tokenizer.encode(prompt.text)]
-    return ids[-max_tokens:]
+    ids: list[int] | None = None
+    if use_chat:
+        try:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
+        except ErsdError:  # no chat template: the plain text
+            ids = None
+    if ids is None:
+        ids = tokenizer.encode(prompt.text)
+    return [int(t) for t in ids][-max_tokens:]

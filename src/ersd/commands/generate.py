@@ -13,15 +13,14 @@ DEFAULT_PROMPT = "Write a Python function that checks whether a string is a pali
 
 
 def _encode(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """Prompt ids through the :class:`ersd.Tokenizer` protocol (the chat template if ``chat``)."""
+    from ersd.errors import ErsdError
+
     if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise click.UsageError("--chat: this model's tokenizer has no chat template")
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        return [int(t) for t in out]
+        try:
+            return tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        except ErsdError as exc:
+            raise click.UsageError(f"--chat: {exc}") from None
     return [int(t) for t in tokenizer.encode(prompt)]
 
 
@@ -71,13 +70,15 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "--target",
     default="qwen2.5-coder-1.5b",
     show_default=True,
-    help="Target model: bundled name (see `ersd models list`), local folder or hub id.",
+    help="Target model: bundled name (see `ersd models list`), local folder, hub id, or a "
+    "weight-free stand-in (toy, tiny-qwen2).",
 )
 @click.option(
     "--draft",
     default="qwen2.5-coder-0.5b",
     show_default=True,
-    help="Draft model (same vocabulary as the target), or 'none' for target-only.",
+    help="Draft model (same vocabulary as the target; toy-draft for --target toy), or 'none' "
+    "for target-only.",
 )
 @click.option(
     "--draft-layers",
@@ -175,13 +176,18 @@ def generate(
             dmodel = ersd.load_model(
                 draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
             )
-            tmodel.same_tokenizer(dmodel)
-        onednn = " oneDNN" if tmodel.linear_backend == "onednn" else ""
+            tmodel.check_compatible(dmodel)
+        about = tmodel.describe()
+        onednn = " oneDNN" if about.get("linear") == "onednn" else ""
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"
-            + f" ({dtype}{onednn})"
-            + (f", draft {draft} ({draft_dtype or dtype})" if dmodel else ", no draft")
-            + f", {device}]"
+            + f" ({about.get('dtype', dtype)}{onednn})"
+            + (
+                f", draft {draft} ({dmodel.describe().get('dtype', draft_dtype or dtype)})"
+                if dmodel
+                else ", no draft"
+            )
+            + f", {about.get('device', device)}]"
         )
         ids = _encode(tmodel.tokenizer, prompt, chat)
         kwargs: dict[str, Any] = dict(

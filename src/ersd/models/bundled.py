@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ersd.errors import ModelLoadError
+from ersd.models.memory import available_memory as _available_memory
 
 #: environment variable that overrides the cache root
 CACHE_ENV = "ERSD_CACHE"
@@ -454,18 +455,6 @@ def _check_disk(folder: Path, needed: int, what: str) -> None:
             f"{free / _GB:.1f} GB free. Free some space or point ${CACHE_ENV} (or cache_dir=) at "
             "a larger disk."
         )
-
-
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (``None`` where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _checksum_error(model: BundledModel, actual: str, where: str) -> ModelLoadError:

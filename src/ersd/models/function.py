@@ -15,8 +15,11 @@ class FunctionModel:
 
     ``fn`` receives full token sequences (prompt + tokens so far) and returns one row of
     next-token logits per sequence.  Every call of ``fn`` counts as one forward pass
-    (``forward_calls``), which lets tests check how many model calls a method makes.
+    (``forward_calls``), which lets tests check how many model calls a method makes.  It
+    implements :class:`ersd.LanguageModel` with an unbounded context (``max_length = None``).
     """
+
+    max_length: int | None = None
 
     def __init__(self, fn: Callable[[list[list[int]]], torch.Tensor], vocab_size: int) -> None:
         if not callable(fn):

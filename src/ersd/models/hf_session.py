@@ -1,0 +1,256 @@
+"""The session of an :class:`ersd.models.hf.HFModel`: KV-cache layout, tree masks, commit surgery.
+
+One session keeps a transformers ``DynamicCache`` laid out as
+
+    [committed tokens that were fed] [pending tree nodes, in the order they were scored]
+
+followed, logically, by an *uncached tail* of committed tokens that were never fed (the bonus token
+of the last step, accepted draft leaves).  ``score(tokens, parents)`` feeds the tail and the new
+tree nodes in **one** forward pass with explicit position ids (a node at depth ``d`` sits at
+position ``len(committed) + d - 1``) and a custom 4-D additive attention mask: a node sees the
+committed sequence and its own ancestors among the pending nodes — tree attention as in
+SpecInfer (Miao et al., 2024) and Medusa (Cai et al., 2024), built only on transformers' public
+extension points (4-D masks, ``position_ids``, the cache's ``layers``), without forked modeling
+files.
+``commit(tokens, path)`` moves the accepted path's cache entries next to the committed ones and
+drops every other pending entry, so the cache always equals what a plain forward over the committed
+sequence would have produced.
+
+If an architecture rejects custom 4-D masks (detected once per model by a tiny probe), sessions fall
+back to scoring every root-to-leaf path of the new nodes as one row of a batch, with a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ersd.errors import GenerationInputError
+from ersd.models.base import check_commit_args, check_tree_args
+
+if TYPE_CHECKING:
+    from ersd.models.hf import HFModel
+
+
+class HFSession:
+    """Session of an :class:`HFModel`; see the module docstring for the cache layout."""
+
+    def __init__(self, owner: HFModel, prompt: Sequence[int]) -> None:
+        self.owner = owner
+        self._committed: list[int] = [int(t) for t in prompt]
+        self._cache = owner.new_cache()
+        self._n_cached = 0  # committed tokens held by the cache (a prefix of _committed)
+        self._root: torch.Tensor | None = None  # logits after the committed sequence
+        # pending tree (all nodes scored since the last commit)
+        self._ptok: list[int] = []
+        self._ppar: list[int] = []
+        self._pdepth: list[int] = []
+        self._panc: list[list[int]] = []  # ancestors of each node, itself included, root first
+        self._prow: list[torch.Tensor] = []  # next-token logits of each node
+        self._mode = ""  # resolved lazily: "mask" or "paths"
+
+    @property
+    def committed(self) -> list[int]:
+        return self._committed
+
+    @property
+    def cache_length(self) -> int:
+        """Entries in the KV cache (committed prefix + cached pending nodes)."""
+        return int(self._cache.get_seq_length())
+
+    # -- score ---------------------------------------------------------------------------------
+
+    def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        n = len(tokens)
+        num_pending = len(self._ptok)
+        check_tree_args(tokens, parents, num_pending)
+        if n == 0 and self._root is not None:
+            return self._root.unsqueeze(0)
+        depths: list[int] = []
+        for p in parents:
+            if p < 0:
+                depths.append(1)
+            elif p < num_pending:
+                depths.append(self._pdepth[p] + 1)
+            else:
+                depths.append(depths[p - num_pending] + 1)
+        length = len(self._committed)
+        top = length + (max(depths) if n else 0)  # one past the largest position fed
+        window = self.owner.max_length
+        if window is not None and top > window:
+            raise GenerationInputError(
+                f"the sequence ({length} tokens) plus a draft tree of depth {top - length} exceeds "
+                f"the model's context window of {window} tokens; lower "
+                "max_new_tokens, the tree depth or the prompt length"
+            )
+        if not self._mode:
+            self._mode = self.owner.resolved_tree_attention() if n else ""
+        with torch.no_grad():
+            if self._mode == "paths" and n:
+                rows = self._score_paths(tokens, parents, depths)
+            else:
+                rows = self._score_mask(tokens, parents, depths)
+        return rows
+
+    def _ancestors(self, parents: Sequence[int]) -> list[list[int]]:
+        """Pending indices of each new node's ancestors, itself included, root side first."""
+        first = len(self._ptok)
+        ancs: list[list[int]] = []
+        for i, par in enumerate(parents):
+            if par < 0:
+                ancs.append([first + i])
+            elif par < first:
+                ancs.append([*self._panc[par], first + i])
+            else:
+                ancs.append([*ancs[par - first], first + i])
+        return ancs
+
+    def _add_pending(
+        self,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        depths: list[int],
+        ancs: list[list[int]],
+        rows: torch.Tensor,
+    ) -> None:
+        self._ptok.extend(int(x) for x in tokens)
+        self._ppar.extend(int(x) for x in parents)
+        self._pdepth.extend(depths)
+        self._panc.extend(ancs)
+        self._prow.extend(rows.unbind(0))
+
+    def _score_mask(
+        self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
+    ) -> torch.Tensor:
+        owner = self.owner
+        dev = owner.device
+        n = len(tokens)
+        num_pending = len(self._ptok)
+        length = len(self._committed)
+        cached = self._n_cached
+        if self._root is None and cached == length:
+            # every committed token is cached but its logits are unknown: feed the last one again
+            self._crop(cached - 1)
+            cached -= 1
+        tail = self._committed[cached:]
+        t = len(tail)  # t > 0 implies num_pending == 0: score() always feeds the tail
+        ancs = self._ancestors(parents)
+        ids = torch.tensor([[*tail, *tokens]], dtype=torch.long, device=dev)
+        pos = list(range(cached, length))
+        pos.extend(length + d - 1 for d in depths)
+        positions = torch.tensor([pos], dtype=torch.long, device=dev)
+        if n == 0 and num_pending == 0:
+            mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
+        else:
+            q = t + n
+            kv = cached + num_pending + q
+            allowed = torch.zeros(q, kv, dtype=torch.bool)
+            allowed[:, :cached] = True
+            if t:
+                allowed[:t, cached : cached + t] = torch.ones(t, t, dtype=torch.bool).tril_()
+                allowed[t:, cached : cached + t] = True
+            rr: list[int] = []
+            cc: list[int] = []
+            off = cached + t
+            for i, anc in enumerate(ancs):
+                rr.extend([t + i] * len(anc))
+                cc.extend(off + a for a in anc)
+            allowed[rr, cc] = True
+            mask = owner._additive(allowed)
+            if owner.sliding_window is not None:
+                # sliding-window layers see keys less than `window` positions back (transformers'
+                # sliding_window_overlay), measured in positions, not cache columns
+                kv_pos = torch.tensor(
+                    [*range(cached), *(length + d - 1 for d in self._pdepth), *pos]
+                )
+                near = (torch.tensor(pos)[:, None] - kv_pos[None, :]) < owner.sliding_window
+                mask = {
+                    "full_attention": mask,
+                    "sliding_attention": owner._additive(allowed & near),
+                }
+        keep = n + (1 if t else 0)
+        logits = owner._forward(ids, positions, self._cache, mask, keep)[0].float()
+        self._n_cached = length
+        if t:
+            self._root = logits[0]
+            node_rows = logits[1:]
+        else:
+            assert self._root is not None
+            node_rows = logits
+        self._add_pending(tokens, parents, depths, ancs, node_rows)
+        if t:
+            return logits
+        return torch.cat([self._root.unsqueeze(0), node_rows], dim=0)
+
+    def _score_paths(
+        self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
+    ) -> torch.Tensor:
+        """Fallback: feed the tail, then every root-to-leaf path of the new nodes as a batch row
+        (right-padded; causal attention ignores the padding).  Pending nodes are not cached."""
+        owner = self.owner
+        dev = owner.device
+        if self._root is None or self._n_cached < len(self._committed):
+            self._score_mask([], [], [])  # feeds the tail (plain causal), sets the root row
+        first = len(self._ptok)
+        length = len(self._committed)
+        n = len(tokens)
+        ancs = self._ancestors(parents)
+        is_parent = {p - first for p in parents if p >= first}
+        leaves = [i for i in range(n) if i not in is_parent]
+        width = max(len(ancs[i]) for i in leaves)
+        all_tok = [*self._ptok, *(int(x) for x in tokens)]
+        ids = torch.zeros(len(leaves), width, dtype=torch.long)
+        where: dict[int, tuple[int, int]] = {}
+        for b, leaf in enumerate(leaves):
+            path = ancs[leaf]
+            ids[b, : len(path)] = torch.tensor([all_tok[g] for g in path])
+            for j, g in enumerate(path):
+                if g >= first:
+                    where.setdefault(g - first, (b, j))
+        positions = (torch.arange(width) + length).expand(len(leaves), width)
+        cache = self._cache
+        cache.batch_repeat_interleave(len(leaves))
+        try:
+            logits = owner._forward(ids.to(dev), positions.to(dev), cache, None, width)
+        finally:
+            cache.crop(-width)
+            cache.batch_select_indices(torch.tensor([0], device=dev))
+        rows = torch.stack([logits[b, j] for b, j in (where[i] for i in range(n))]).float()
+        self._add_pending(tokens, parents, depths, ancs, rows)
+        assert self._root is not None
+        return torch.cat([self._root.unsqueeze(0), rows], dim=0)
+
+    # -- commit --------------------------------------------------------------------------------
+
+    def commit(self, tokens: Sequence[int], path: Sequence[int]) -> None:
+        check_commit_args(tokens, path, self._ptok, self._ppar)
+        k = len(path)
+        if self._ptok and self._mode != "paths":
+            base = self._n_cached  # == len(committed): pending nodes exist only after a score
+            if any(node != j for j, node in enumerate(path)):
+                with torch.no_grad():
+                    idx = torch.tensor([base + node for node in path], device=self.owner.device)
+                    for layer in self._cache.layers:
+                        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                            continue  # a layer holding no states (e.g. KV shared with another)
+                        layer.keys[..., base : base + k, :] = layer.keys.index_select(-2, idx)
+                        layer.values[..., base : base + k, :] = layer.values.index_select(-2, idx)
+            self._crop(base + k)
+            self._n_cached = base + k
+        if len(tokens) == 0:
+            root = self._root if not self._ptok else None
+        elif k == len(tokens):
+            root = self._prow[path[-1]]
+        else:
+            root = None
+        self._committed.extend(int(t) for t in tokens)
+        self._root = root
+        self._ptok, self._ppar, self._pdepth, self._panc, self._prow = [], [], [], [], []
+
+    def _crop(self, length: int) -> None:
+        """Keep the first ``length`` cache entries."""
+        drop = self._cache.get_seq_length() - length
+        if drop > 0:
+            self._cache.crop(-drop)

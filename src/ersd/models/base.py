@@ -53,10 +53,14 @@ class ModelSession(Protocol):
 @runtime_checkable
 class LanguageModel(Protocol):
     """What :func:`ersd.generate` needs: ``vocab_size`` (the logits' width), ``max_length`` (the
-    context window in tokens, ``None`` = unbounded) and ``start(prompt) -> ModelSession``."""
+    context window in tokens, ``None`` = unbounded) and ``start(prompt) -> ModelSession``.
+    Attributes or read-only properties both satisfy the protocol."""
 
-    vocab_size: int
-    max_length: int | None
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int | None: ...
 
     def start(self, prompt: Sequence[int]) -> ModelSession: ...
 
@@ -85,9 +89,14 @@ class TextModel(LanguageModel, Protocol):
     metadata (``backend``, ``name``, ``dtype``, ``device``, ``linear``, ``layers``, ... whatever
     applies)."""
 
-    name: str
-    tokenizer: Tokenizer
-    eos_token_ids: list[int]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]: ...
 
     def check_compatible(self, other: TextModel) -> None: ...
 
@@ -142,15 +151,15 @@ def check_same_vocabulary(target: TextModel, draft: TextModel) -> None:
     """The usual ``check_compatible``: equal logits width, and tokenizers that map ids alike.
 
     With ``get_vocab()`` on both tokenizers the vocabularies are compared exactly; otherwise the
-    decoded text of up to 4096 ids spread over the vocabulary is compared.  A tokenizer of
-    ``None`` (a model wrapped without one) is not compared.
+    decoded text of up to 4096 ids spread over the vocabulary is compared.  A model without a
+    tokenizer (an HF model wrapped without one) is compared by its vocabulary size only.
     """
     if target.vocab_size != draft.vocab_size:
         raise VocabularyMismatchError(
             f"the models' logits have {target.vocab_size} and {draft.vocab_size} columns; draft "
             f"and target must share one tokenizer and vocabulary ({_FAMILY_HINT})"
         )
-    mine, theirs = target.tokenizer, draft.tokenizer
+    mine, theirs = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
     if mine is None or theirs is None:
         return
     if hasattr(mine, "get_vocab") and hasattr(theirs, "get_vocab"):

@@ -75,7 +75,8 @@ class HFModel:
     ``"paths"`` scores each root-to-leaf path as a batch row (for architectures that reject
     custom masks), ``"auto"`` probes the model once on first use and picks ``"mask"`` if it works.
     ``tokenizer`` is a transformers tokenizer (wrapped in :class:`HFTokenizer`), any
-    :class:`ersd.Tokenizer`, or ``None`` (the model then generates from token ids only).
+    :class:`ersd.Tokenizer`, or ``None`` (the model then generates from token ids only and is not
+    an :class:`ersd.TextModel`).
 
     HF-only capability, for code that needs transformers itself (the benchmark's assisted-
     generation baseline): ``hf_module`` (the ``PreTrainedModel``), ``device``, ``dtype``; check
@@ -99,7 +100,7 @@ class HFModel:
 
         if isinstance(tokenizer, PreTrainedTokenizerBase):
             tokenizer = HFTokenizer(tokenizer)
-        self.tokenizer: Tokenizer | None = tokenizer
+        self._tokenizer: Tokenizer | None = tokenizer
         config = model.config
         self.name: str = name or getattr(config, "_name_or_path", "") or type(model).__name__
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -129,6 +130,17 @@ class HFModel:
         self.forward_seconds = 0.0  # seconds inside those forwards
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's :class:`ersd.Tokenizer`; a model wrapped without one has no ``tokenizer``
+        attribute (it is an :class:`ersd.LanguageModel` but not an :class:`ersd.TextModel`)."""
+        if self._tokenizer is None:
+            raise AttributeError(
+                "this HFModel was wrapped without a tokenizer; pass one to "
+                "from_pretrained_model(model, tokenizer) or load it with ersd.load_model"
+            )
+        return self._tokenizer
+
+    @property
     def linear_backend(self) -> str:
         """``"onednn"``, ``"int8"`` or ``"torch"``: the CPU path of the linear layers
         (:mod:`ersd.models.cpu`)."""
@@ -150,8 +162,8 @@ class HFModel:
         """End-of-sequence ids: the generation config's (chat models often list several), else
         the transformers tokenizer's."""
         eos = getattr(getattr(self.hf_module, "generation_config", None), "eos_token_id", None)
-        if eos is None and isinstance(self.tokenizer, HFTokenizer):
-            eos = getattr(self.tokenizer.hf_tokenizer, "eos_token_id", None)
+        if eos is None and isinstance(self._tokenizer, HFTokenizer):
+            eos = getattr(self._tokenizer.hf_tokenizer, "eos_token_id", None)
         if eos is None:
             return []
         return [int(e) for e in eos] if isinstance(eos, list | tuple) else [int(eos)]

@@ -139,11 +139,11 @@ def tiny_qwen2(draft: bool = False, dtype: str = "float32", device: str = "cpu")
     # sharpen the random model so that sampling is not uniform noise
     with torch.no_grad():
         big.model.embed_tokens.weight.mul_(8.0)
-    model = big
+    model: Any = big
     if draft:
         small.load_state_dict(big.state_dict(), strict=False)
         model = small
-    model.to(dtype=parse_dtype(dtype))  # type: ignore[call-arg]
+    model.to(dtype=parse_dtype(dtype))
     if device != "cpu":
         model.to(device)
     model.generation_config.eos_token_id = None

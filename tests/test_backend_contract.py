@@ -70,3 +70,19 @@ def backend(request: pytest.FixtureRequest) -> tuple[BackendCase, Any]:
 def test_backend_contract(backend: tuple[BackendCase, Any], check: str) -> None:
     case, model = backend
     CHECKS[check](case, model)
+
+
+def test_docs_backend_examples_run_and_pass_the_contract() -> None:
+    """The examples in docs/backends.md run as written; its 60-line backend passes the contract."""
+    import re
+    from pathlib import Path
+
+    from tests.backend_contract import run_contract
+
+    text = (Path(__file__).parent.parent / "docs" / "backends.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "import ersd" in b]
+    assert len(blocks) == 2
+    for block in blocks:
+        namespace: dict[str, Any] = {"__name__": "backends_doc"}
+        exec(compile(block, "docs/backends.md", "exec"), namespace)
+    run_contract(BackendCase("next-token", namespace["NextTokenModel"], atol=0.0))

@@ -24,6 +24,8 @@ from transformers import AutoModelForCausalLM
 import ersd
 from ersd.errors import GenerationInputError
 from ersd.models.hf import HFModel, HFSession, from_pretrained_model
+from tests.backend_contract import random_parents as random_tree
+from tests.backend_contract import random_path
 from tests.hf_tiny import V, plain_logits, tiny_config, tiny_model, word_tokenizer
 
 ATOL = 1e-4
@@ -103,25 +105,6 @@ def test_one_forward_tree_rows_equal_path_forwards(model: Any, shape: str) -> No
     chk.score([rng.randrange(V) for _ in parents], parents)
     assert hm.forward_calls == calls + 1  # the prompt and the whole tree in ONE forward
     assert sess.cache_length == 6 + len(parents)
-
-
-def random_tree(rng: random.Random, num_pending: int, n: int) -> list[int]:
-    parents: list[int] = []
-    for i in range(n):
-        parents.append(rng.randrange(-1, num_pending + i))
-    return parents
-
-
-def random_path(rng: random.Random, parents: list[int]) -> list[int]:
-    """A root-down chain of pending nodes, possibly stopping before a leaf."""
-    path: list[int] = []
-    prev = -1
-    while True:
-        kids = [i for i, p in enumerate(parents) if p == prev]
-        if not kids or rng.random() < 0.2:
-            return path
-        prev = rng.choice(kids)
-        path.append(prev)
 
 
 def run_random_session(model: Any, hm: HFModel, seed: int, steps: int = 8) -> Checker:

@@ -32,7 +32,12 @@ import numpy as np
 
 from ersd.bench.stats import Interval, t_interval
 from ersd.errors import ErsdError
-from ersd.theory import RankProfile, block_efficiency_bound, expected_block_efficiency_by_depth
+from ersd.theory import (
+    RankProfile,
+    block_efficiency_bound,
+    expected_block_efficiency_by_depth,
+    tree_depth_probs,
+)
 
 BASELINE_METHODS = ("target-only", "target-only-2tok")
 
@@ -186,9 +191,7 @@ def summarise(
         if method == "ersd" and prof is not None:
             paths = _paths(recs[0], metas)
             if paths is not None:
-                row.theory_be = expected_block_efficiency_by_depth(
-                    paths, prof.depth_rank_probs(min_count=50)
-                )
+                row.theory_be = expected_block_efficiency_by_depth(paths, tree_depth_probs(prof))
             if k and vocab:
                 row.bound = block_efficiency_bound(prof.rank_probs(), k, vocab)
         rows.append(row)
@@ -210,10 +213,6 @@ def _method_order(m: str) -> int:
         "ersd",
     ]
     return order.index(m) if m in order else len(order)
-
-
-def _nearest(by_temp: dict[float, Any], t: float) -> Any:
-    return by_temp[min(by_temp, key=lambda x: (abs(x - t), x))]
 
 
 def _profiles(metas: list[dict[str, Any]]) -> tuple[dict[float, RankProfile], int | None]:

@@ -35,15 +35,15 @@ from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import CostModel, choose_trees, measure_costs, predict
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.prompts import Prompt, encode_prompt, load_prompts
-from ersd.bench.trees import (
+from ersd.bench.trees import natural_shapes
+from ersd.theory import RankProfile, RankProfileError, rank_entropy
+from ersd.theory.profile import (
     CALIBRATION_FORMAT,
-    MIN_DEPTH_COUNT,
-    natural_shapes,
-    pick_profile,
-    resolve_tree,
+    load_profiles,
+    nearest_temperature,
+    tree_depth_probs,
 )
-from ersd.theory import RankProfile, block_efficiency_bound, rank_entropy
-from ersd.tree import TreeShape
+from ersd.tree import TreeShape, parse_tree
 
 RECORD_VERSION = 1
 
@@ -109,7 +109,7 @@ class Calibration:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def depth_probs(self, temperature: float) -> list[Any]:
-        return pick_profile(self.profiles, temperature).depth_rank_probs(min_count=MIN_DEPTH_COUNT)
+        return tree_depth_probs(self.profiles, temperature)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,25 +126,20 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
-        p = Path(path)
+        """A calibration file, or a plain rank profile (no cost curves)."""
         try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
+            f = load_profiles(path)
+        except RankProfileError as exc:
             raise BenchConfigError(
-                f"calibration file {str(p)!r} does not exist; write it with `ersd bench "
-                "calibrate CONFIG --out FILE` or leave run.profile empty to calibrate in the run"
+                f"run.profile: {exc}; or leave run.profile empty to calibrate in the run"
             ) from None
-        if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT:
-            costs = CostModel.from_dict(data["costs"]) if data.get("costs") else None
-            return cls(
-                profiles={float(t): RankProfile.from_dict(d) for t, d in data["profiles"].items()},
-                costs=costs,
-                choices={float(t): c for t, c in (data.get("choices") or {}).items()},
-                meta=data.get("meta") or {},
-            )
-        prof = RankProfile.from_dict(data)  # a plain rank profile (theory format)
-        temp = float(prof.meta.get("temperature", 1.0))
-        return cls(profiles={temp: prof}, costs=None)
+        costs = f.data.get("costs")
+        return cls(
+            profiles=f.profiles,
+            costs=CostModel.from_dict(costs) if costs else None,
+            choices={float(t): c for t, c in (f.data.get("choices") or {}).items()},
+            meta=f.data.get("meta") or {},
+        )
 
 
 def _eos(cfg: BenchConfig, pair: ModelPair) -> list[int] | None:
@@ -292,10 +287,8 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
             if cal is None or not cal.choices:
                 return
             choice = "cost-aware"
-            spec = _nearest(cal.choices, temperature)["cost_aware"]["spec"]
-        shape = (
-            resolve_tree(spec, depth_probs) if spec.startswith("optimal:") else resolve_tree(spec)
-        )
+            spec = nearest_temperature(cal.choices, temperature)["cost_aware"]["spec"]
+        shape = parse_tree(spec, profile=depth_probs)
         ersd.get_method(method).check_shape(shape)
         key = (method, shape.paths)
         if key in seen:
@@ -328,10 +321,6 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
                 continue
             add(method, spec, None)
     return entries
-
-
-def _nearest(by_temp: dict[float, Any], temperature: float) -> Any:
-    return by_temp[min(by_temp, key=lambda t: (abs(t - temperature), t))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -604,10 +593,3 @@ def _record(
 def _write(fh: TextIO, obj: dict[str, Any]) -> None:
     fh.write(json.dumps(obj, allow_nan=False) + "\n")
     fh.flush()
-
-
-def bound_for(cal: Calibration, temperature: float, k: int, vocab_size: int) -> float:
-    """The paper's upper bound on tokens per call at budget ``k`` from the measured profile."""
-    return block_efficiency_bound(
-        pick_profile(cal.profiles, temperature).rank_probs(), k, vocab_size
-    )

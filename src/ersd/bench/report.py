@@ -32,6 +32,7 @@ import numpy as np
 
 from ersd.bench.stats import Interval, t_interval
 from ersd.errors import ErsdError
+from ersd.methods.catalog import report_order
 from ersd.theory import (
     RankProfile,
     block_efficiency_bound,
@@ -195,24 +196,8 @@ def summarise(
             if k and vocab:
                 row.bound = block_efficiency_bound(prof.rank_probs(), k, vocab)
         rows.append(row)
-    rows.sort(key=lambda r: (-r.temperature, _method_order(r.method), r.k or 0, r.tree or ""))
+    rows.sort(key=lambda r: (-r.temperature, report_order(r.method), r.k or 0, r.tree or ""))
     return rows
-
-
-def _method_order(m: str) -> int:
-    order = [
-        "target-only",
-        "target-only-2tok",
-        "hf-assisted",
-        "sd",
-        "specinfer",
-        "rrs-wor",
-        "spectr",
-        "spechub",
-        "gls",
-        "ersd",
-    ]
-    return order.index(m) if m in order else len(order)
 
 
 def _profiles(metas: list[dict[str, Any]]) -> tuple[dict[float, RankProfile], int | None]:
@@ -484,7 +469,7 @@ def _plot_block_efficiency(rows: list[Row], path: Path) -> None:
             cur = by_method[r.method].get(r.k or 0)
             if cur is None or r.block_efficiency.mean > cur.block_efficiency.mean:
                 by_method[r.method][r.k or 0] = r
-        for method, per_k in sorted(by_method.items(), key=lambda kv: _method_order(kv[0])):
+        for method, per_k in sorted(by_method.items(), key=lambda kv: report_order(kv[0])):
             ks = sorted(per_k)
             means = [per_k[k].block_efficiency.mean for k in ks]
             err = [
@@ -572,7 +557,7 @@ def _plot_speedup(rows: list[Row], path: Path) -> None:
         best = best_per_method([r for r in rows if r.temperature == temp])
         bars = [
             (m, k, r)
-            for m, per_k in sorted(best.items(), key=lambda kv: _method_order(kv[0]))
+            for m, per_k in sorted(best.items(), key=lambda kv: report_order(kv[0]))
             for k, r in sorted(per_k.items())
         ]
         x = np.arange(len(bars))

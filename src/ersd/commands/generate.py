@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from ersd.methods.catalog import METHOD_NAMES
+
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 
 
@@ -89,7 +91,7 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "--method",
     default="ersd",
     show_default=True,
-    help="Verification method: ersd, sd, specinfer, rrs-wor, spectr, spechub, gls.",
+    help=f"Verification method: {', '.join(METHOD_NAMES)}.",
 )
 @click.option(
     "--tree",

@@ -19,13 +19,16 @@ import pytest
 from click.testing import CliRunner
 
 import ersd
+from ersd.bench.aggregate import read_records, summarise
 from ersd.bench.baselines import target_only_two_token
+from ersd.bench.calibration import Calibration
 from ersd.bench.config import BenchConfigError, config_from_dict, load_config
 from ersd.bench.costs import CostModel, candidate_trees, choose_trees, predict
 from ersd.bench.models import load_pair
+from ersd.bench.planning import plan
 from ersd.bench.prompts import load_prompts
-from ersd.bench.report import read_records, summarise, write_report
-from ersd.bench.runner import Calibration, plan, run_bench
+from ersd.bench.report import write_report
+from ersd.bench.running import run_bench
 from ersd.bench.stats import bootstrap_interval, t_interval
 from ersd.bench.trees import natural_shapes
 from ersd.errors import InvalidTreeSpecError
@@ -414,7 +417,7 @@ def test_tiny_hf_pair_with_assisted_generation(tmp_path: Path) -> None:
 
 
 def test_rank_dependence_counts_consecutive_contexts() -> None:
-    from ersd.bench.report import rank_dependence
+    from ersd.bench.aggregate import rank_dependence
 
     rec = {
         "method": "ersd",
@@ -436,7 +439,7 @@ def test_rank_dependence_counts_consecutive_contexts() -> None:
 def test_failed_run_is_recorded_and_left_out_of_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ersd.bench.runner as runner_mod
+    import ersd.bench.running as runner_mod
 
     real = runner_mod.run_entry
 

@@ -19,18 +19,21 @@ import pytest
 from click.testing import CliRunner
 
 import ersd
+from ersd.bench.aggregate import read_records, summarise
 from ersd.bench.baselines import target_only_two_token
+from ersd.bench.calibration import Calibration
 from ersd.bench.config import BenchConfigError, config_from_dict, load_config
 from ersd.bench.costs import CostModel, candidate_trees, choose_trees, predict
 from ersd.bench.models import load_pair
+from ersd.bench.planning import plan
 from ersd.bench.prompts import load_prompts
-from ersd.bench.report import read_records, summarise, write_report
-from ersd.bench.runner import Calibration, plan, run_bench
+from ersd.bench.report import write_report
+from ersd.bench.running import run_bench
 from ersd.bench.stats import bootstrap_interval, t_interval
-from ersd.bench.trees import binary_tree, natural_shapes, resolve_tree
+from ersd.bench.trees import natural_shapes
 from ersd.errors import InvalidTreeSpecError
 from ersd.theory import RankProfile, expected_block_efficiency, optimal_tree
-from ersd.tree import TreeShape
+from ersd.tree import TreeShape, parse_tree
 
 
 def _toy_config(**run: object) -> dict:
@@ -135,7 +138,7 @@ def test_calibration_is_saved_and_feeds_optimal_and_cost_aware_trees(toy_run: Pa
     preds = [r["prediction"] for r in results if "cost-aware" in (r["choice"] or "")]
     assert preds and all(p["block_efficiency"] >= 1 for p in preds)
     # the optimal tree spec with the saved file gives the same tree as the in-run plan
-    shape = resolve_tree(f"optimal:4@{cal_path}", temperature=1.0)
+    shape = parse_tree(f"optimal:4@{cal_path}", temperature=1.0)
     entries = plan(config_from_dict(_toy_config(), source="t"), 1.0, cal)
     opt = [e for e in entries if "optimal:4" in [e.tree, *e.aliases]]
     assert opt and opt[0].shape is not None and opt[0].shape.paths == shape.paths
@@ -288,36 +291,36 @@ def test_prompt_splits_are_disjoint() -> None:
 
 def test_optimal_tree_spec_uses_the_profile() -> None:
     probs = [0.6, 0.25, 0.1, 0.05]
-    shape = resolve_tree("optimal:6", probs)
+    shape = parse_tree("optimal:6", profile=probs)
     assert list(shape.paths) == sorted(optimal_tree(probs, 6), key=lambda t: (len(t), t))
     # per-depth profiles: a sharper second depth favours going deep
-    deep = resolve_tree("optimal:3", [[0.5, 0.5], [1.0]])
+    deep = parse_tree("optimal:3", profile=[[0.5, 0.5], [1.0]])
     assert deep.paths == ((0,), (1,), (0, 0))
     with pytest.raises(InvalidTreeSpecError, match="needs a rank profile"):
-        resolve_tree("optimal:4")
+        parse_tree("optimal:4")
     with pytest.raises(InvalidTreeSpecError, match="e.g. 'optimal:8'"):
-        resolve_tree("optimal:four", probs)
-    assert resolve_tree("chain:3") == TreeShape.chain(3)
+        parse_tree("optimal:four", profile=probs)
+    assert parse_tree("chain:3") == TreeShape.chain(3)
 
 
 def test_optimal_tree_spec_from_file(tmp_path: Path) -> None:
     prof = RankProfile.from_step_ranks([[1, 1, 2], [1, 3], [2], [1, 1, 1, 1]] * 20, vocab_size=8)
     path = tmp_path / "p.json"
     prof.save(path)
-    shape = resolve_tree(f"optimal:5@{path}")
+    shape = parse_tree(f"optimal:5@{path}")
     assert shape.num_nodes == 5
     with pytest.raises(InvalidTreeSpecError, match="ersd bench calibrate"):
-        resolve_tree(f"optimal:5@{tmp_path / 'missing.json'}")
+        parse_tree(f"optimal:5@{tmp_path / 'missing.json'}")
 
 
 def test_binary_and_natural_shapes() -> None:
-    assert binary_tree(6).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1))
-    assert resolve_tree("binary:3").max_children == 2
+    assert TreeShape.binary(6).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1))
+    assert parse_tree("binary:3").max_children == 2
     assert natural_shapes("sd", 8) == ["chain:8"]
     assert natural_shapes("ersd", 8) == ["chain:8", "multi:2x4", "multi:4x2"]
     hub = natural_shapes("spechub", 8)
     assert hub == ["multi:2x4", "binary:8"]
-    assert all(resolve_tree(s).max_children <= 2 for s in hub)
+    assert all(parse_tree(s).max_children <= 2 for s in hub)
     assert natural_shapes("specinfer", 4) == ["chain:4", "multi:2x2", "multi:4x1"]
 
 
@@ -414,7 +417,7 @@ def test_tiny_hf_pair_with_assisted_generation(tmp_path: Path) -> None:
 
 
 def test_rank_dependence_counts_consecutive_contexts() -> None:
-    from ersd.bench.report import rank_dependence
+    from ersd.bench.aggregate import rank_dependence
 
     rec = {
         "method": "ersd",
@@ -436,7 +439,7 @@ def test_rank_dependence_counts_consecutive_contexts() -> None:
 def test_failed_run_is_recorded_and_left_out_of_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ersd.bench.runner as runner_mod
+    import ersd.bench.running as runner_mod
 
     real = runner_mod.run_entry
 

@@ -39,10 +39,10 @@ import torch
 
 import ersd
 from ersd.errors import UnsupportedTreeError
-from ersd.methods._common import lane_uniform
 from ersd.methods.base import Method, NodeDecision, NodeNoise
 from ersd.methods.ersd import ERSD
 from ersd.methods.gls import GumbelListSampling
+from ersd.methods.rejection import lane_uniform
 from ersd.methods.rrs_wor import RRSWithoutReplacement
 from ersd.methods.sd import SpeculativeSampling
 from ersd.methods.spechub import SpecHub

@@ -31,7 +31,7 @@ from scipy import stats
 from ersd import METHODS
 from ersd.errors import ErsdError, UnsupportedTreeError
 from ersd.methods import Method, NodeNoise
-from ersd.methods._common import RecursiveRejection, lane_uniform, sample_categorical
+from ersd.methods.rejection import RecursiveRejection, lane_uniform, sample_categorical
 from ersd.methods.rrs_wor import RRSWithoutReplacement
 from ersd.methods.sd import SpeculativeSampling
 from ersd.methods.spechub import SpecHub

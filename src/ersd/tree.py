@@ -12,6 +12,14 @@ Spec strings (:func:`parse_tree`):
 * ``multi:MxL`` — M drafts of L tokens: M children at the root, each continued by a chain.
 * ``batch:K``   — K siblings at the root (= ``multi:Kx1``).
 * ``paths:[[0],[1],[0,0]]`` — a JSON list of child-index paths.
+* ``binary:K``  — the first K nodes of a complete binary tree, breadth first (at most two
+  children per node: SpecHub's natural shape).
+* ``optimal:K[@FILE]`` — the K-node tree that maximises expected tokens per target call under the
+  i.i.d.-rank model with a measured (per-depth) rank profile: Tunstall coding,
+  :func:`ersd.theory.optimal_tree_by_depth`.  The profile comes from ``@FILE`` (a rank profile or
+  a calibration file of ``ersd bench calibrate``, read by :func:`ersd.theory.load_profiles`) or
+  from the ``profile=`` argument of :func:`parse_tree`; ``temperature=`` picks a calibration
+  file's profile (nearest temperature).  :mod:`ersd.theory` is imported only for this kind.
 
 Nodes are stored in topological order (by depth, then path); ``parents[i]`` is the index of node
 ``i``'s parent, ``-1`` for children of the root.  Depths, ancestor masks, position offsets and
@@ -22,14 +30,72 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ersd.errors import InvalidTreeSpecError
 
-_EXAMPLES = "valid examples: 'chain:4', 'multi:2x3', 'batch:4', 'paths:[[0],[1],[0,0]]'"
+if TYPE_CHECKING:  # torch only for ancestor_mask, imported there
+    import torch
+
+_EXAMPLES = (
+    "valid examples: 'chain:4', 'multi:2x3', 'batch:4', 'binary:6', 'optimal:8@calib.json', "
+    "'paths:[[0],[1],[0,0]]'"
+)
+
+
+def check_paths(
+    paths: Iterable[Sequence[int]], *, siblings: bool = True, allow_empty: bool = False
+) -> list[tuple[int, ...]]:
+    """Validate child-index paths; returns them as tuples, in the given order.
+
+    Every path is a non-empty sequence of integers >= 0, none appears twice and every prefix of a
+    path is in the set.  ``siblings``: child indices under one parent must also be 0, 1, 2, ...
+    without gaps (what a :class:`TreeShape` needs).  ``allow_empty``: an empty set is fine (the
+    theory's "no draft").  Shared by :class:`TreeShape` and :mod:`ersd.theory.trees`.
+    """
+    out: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        if isinstance(p, str | bytes) or not isinstance(p, Sequence):
+            raise InvalidTreeSpecError(
+                f"tree path {p!r} is not a list of child indices; {_EXAMPLES}"
+            )
+        if len(p) == 0:
+            raise InvalidTreeSpecError(
+                f"empty path in tree spec (the root is implicit); {_EXAMPLES}"
+            )
+        if not all(_is_index(c) for c in p):
+            raise InvalidTreeSpecError(
+                f"tree path {list(p)} must hold integers >= 0 (0 = first child); {_EXAMPLES}"
+            )
+        t = tuple(int(c) for c in p)
+        if t in seen:
+            raise InvalidTreeSpecError(f"tree path {list(t)} appears twice; {_EXAMPLES}")
+        seen.add(t)
+        out.append(t)
+    if not out and not allow_empty:
+        raise InvalidTreeSpecError(f"a draft tree needs at least one node; {_EXAMPLES}")
+    for t in out:
+        if len(t) > 1 and t[:-1] not in seen:
+            raise InvalidTreeSpecError(
+                f"tree path {list(t)} has no parent {list(t[:-1])}; every path's prefixes "
+                f"must be in the tree; {_EXAMPLES}"
+            )
+        if siblings and t[-1] > 0 and (*t[:-1], t[-1] - 1) not in seen:
+            raise InvalidTreeSpecError(
+                f"tree path {list(t)} has no elder sibling {[*t[:-1], t[-1] - 1]}; child "
+                f"indices under one parent must be 0, 1, 2, ... without gaps; {_EXAMPLES}"
+            )
+    return out
+
+
+def _is_index(c: Any) -> bool:
+    """An integer >= 0 (Python or numpy; not a bool)."""
+    if isinstance(c, bool) or not hasattr(c, "__index__"):
+        return False
+    return int(c.__index__()) >= 0
 
 
 @dataclass(frozen=True)
@@ -52,38 +118,7 @@ class TreeShape:
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]]) -> TreeShape:
         """Validate and sort a list of child-index paths."""
-        clean: set[tuple[int, ...]] = set()
-        for p in paths:
-            if isinstance(p, str | bytes) or not isinstance(p, Sequence):
-                raise InvalidTreeSpecError(
-                    f"tree path {p!r} is not a list of child indices; {_EXAMPLES}"
-                )
-            if len(p) == 0:
-                raise InvalidTreeSpecError(
-                    f"empty path in tree spec (the root is implicit); {_EXAMPLES}"
-                )
-            if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in p):
-                raise InvalidTreeSpecError(
-                    f"tree path {list(p)} must hold integers >= 0 (0 = first child); {_EXAMPLES}"
-                )
-            t = tuple(int(c) for c in p)
-            if t in clean:
-                raise InvalidTreeSpecError(f"tree path {list(t)} appears twice; {_EXAMPLES}")
-            clean.add(t)
-        if not clean:
-            raise InvalidTreeSpecError(f"a draft tree needs at least one node; {_EXAMPLES}")
-        for t in clean:
-            if len(t) > 1 and t[:-1] not in clean:
-                raise InvalidTreeSpecError(
-                    f"tree path {list(t)} has no parent {list(t[:-1])}; every path's prefixes "
-                    f"must be in the tree; {_EXAMPLES}"
-                )
-            if t[-1] > 0 and (*t[:-1], t[-1] - 1) not in clean:
-                raise InvalidTreeSpecError(
-                    f"tree path {list(t)} has no elder sibling {[*t[:-1], t[-1] - 1]}; child "
-                    f"indices under one parent must be 0, 1, 2, ... without gaps; {_EXAMPLES}"
-                )
-        return cls(tuple(sorted(clean, key=lambda t: (len(t), t))))
+        return cls(tuple(sorted(check_paths(paths), key=lambda t: (len(t), t))))
 
     @classmethod
     def chain(cls, k: int) -> TreeShape:
@@ -92,6 +127,21 @@ class TreeShape:
     @classmethod
     def multi(cls, m: int, length: int) -> TreeShape:
         return cls.from_paths([(r,) + (0,) * d for r in range(m) for d in range(length)])
+
+    @classmethod
+    def binary(cls, k: int) -> TreeShape:
+        """First ``k`` nodes of a complete binary tree, breadth first."""
+        paths: list[tuple[int, ...]] = []
+        frontier: list[tuple[int, ...]] = [()]
+        while len(paths) < k:
+            nxt = []
+            for base in frontier:
+                for c in (0, 1):
+                    if len(paths) < k:
+                        paths.append((*base, c))
+                        nxt.append((*base, c))
+            frontier = nxt
+        return cls.from_paths(paths)
 
     @property
     def num_nodes(self) -> int:
@@ -127,8 +177,19 @@ class TreeShape:
         return self.spec
 
 
-def parse_tree(spec: str | TreeShape | Sequence[Sequence[int]]) -> TreeShape:
-    """Parse a tree spec string (see module docstring), a path list or a :class:`TreeShape`."""
+def parse_tree(
+    spec: str | TreeShape | Sequence[Sequence[int]],
+    *,
+    profile: Any = None,
+    temperature: float | None = None,
+) -> TreeShape:
+    """Parse a tree spec string (see module docstring), a path list or a :class:`TreeShape`.
+
+    ``profile`` (for ``optimal:K`` without ``@FILE``): a :class:`ersd.theory.RankProfile`, a rank
+    vector, a list of per-depth rank vectors, or a profile / calibration file path.
+    ``temperature`` picks the profile of a calibration file (nearest calibrated temperature; None:
+    the lowest).
+    """
     if isinstance(spec, TreeShape):
         return spec
     if not isinstance(spec, str):
@@ -139,13 +200,15 @@ def parse_tree(spec: str | TreeShape | Sequence[Sequence[int]]) -> TreeShape:
     arg = arg.strip()
     if not sep:
         raise InvalidTreeSpecError(f"tree spec {spec!r} has no 'kind:' prefix; {_EXAMPLES}")
-    if kind == "chain" or kind == "batch":
+    if kind in ("chain", "batch", "binary"):
         if not re.fullmatch(r"[1-9][0-9]*", arg):
             raise InvalidTreeSpecError(
                 f"tree spec {spec!r}: '{kind}:' takes a positive integer, e.g. '{kind}:4'"
             )
         k = int(arg)
-        return TreeShape.chain(k) if kind == "chain" else TreeShape.multi(k, 1)
+        if kind == "chain":
+            return TreeShape.chain(k)
+        return TreeShape.multi(k, 1) if kind == "batch" else TreeShape.binary(k)
     if kind == "multi":
         m = re.fullmatch(r"([1-9][0-9]*)\s*[xX]\s*([1-9][0-9]*)", arg)
         if not m:
@@ -166,7 +229,33 @@ def parse_tree(spec: str | TreeShape | Sequence[Sequence[int]]) -> TreeShape:
                 f"tree spec {spec!r}: 'paths:' takes a JSON list of lists, e.g. 'paths:[[0],[1]]'"
             )
         return TreeShape.from_paths(paths)
+    if kind == "optimal":
+        return _optimal(spec, arg, profile, temperature)
     raise InvalidTreeSpecError(f"unknown tree kind {kind!r} in {spec!r}; {_EXAMPLES}")
+
+
+def _optimal(spec: str, arg: str, profile: Any, temperature: float | None) -> TreeShape:
+    m = re.fullmatch(r"([1-9][0-9]*)\s*(?:@\s*(.+?)\s*)?", arg)
+    if not m:
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r}: 'optimal:' takes a node count and optionally a profile file, "
+            "e.g. 'optimal:8' or 'optimal:8@profile.json'"
+        )
+    k, source = int(m.group(1)), m.group(2)
+    prof = source if source else profile
+    if prof is None:
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r} needs a rank profile: write 'optimal:{k}@FILE' with a file from "
+            "`ersd bench calibrate CONFIG --out FILE`, or pass profile="
+        )
+    from ersd.theory.profile import RankProfileError, tree_depth_probs
+    from ersd.theory.trees import optimal_tree_by_depth
+
+    try:
+        probs = tree_depth_probs(prof, temperature)
+    except RankProfileError as exc:
+        raise InvalidTreeSpecError(f"tree spec {spec!r}: {exc}") from None
+    return TreeShape.from_paths(optimal_tree_by_depth(probs, k))
 
 
 # --- derived tree-attention data, for any parent list in topological order ---------------------
@@ -186,6 +275,8 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
 
 def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     """Boolean ``[n, n]``: ``mask[i, j]`` is True when node j is node i or one of its ancestors."""
+    import torch
+
     n = len(parents)
     mask = torch.zeros((n, n), dtype=torch.bool)
     for i, par in enumerate(parents):

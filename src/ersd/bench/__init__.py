@@ -9,7 +9,7 @@ docs/benchmarks.md for the metric definitions.
 from __future__ import annotations
 
 from ersd.bench.config import BenchConfig, BenchConfigError, bundled_configs, load_config
-from ersd.bench.trees import natural_shapes, resolve_tree
+from ersd.bench.trees import natural_shapes
 
 __all__ = [
     "BenchConfig",
@@ -17,5 +17,4 @@ __all__ = [
     "bundled_configs",
     "load_config",
     "natural_shapes",
-    "resolve_tree",
 ]

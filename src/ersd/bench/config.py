@@ -266,17 +266,17 @@ def _validate(cfg: BenchConfig) -> None:
         raise BenchConfigError(
             "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"
         )
-    from ersd.bench.trees import resolve_tree
+    from ersd.tree import parse_tree
 
     for method, specs in r.trees.items():
         for spec in specs:
             if not spec.startswith(("optimal:", "cost-aware")):
                 try:
-                    resolve_tree(spec)
+                    parse_tree(spec)
                 except ErsdError as exc:
                     raise BenchConfigError(f"run.trees.{method}: {exc}") from None
     try:
-        resolve_tree(c.tree)
+        parse_tree(c.tree)
     except ErsdError as exc:
         raise BenchConfigError(f"calibrate.tree: {exc}") from None
 

@@ -141,7 +141,8 @@ def run(
             cfg.run.profile = profile
         path = Path(out) if out else Path("bench-results") / f"{cfg.name}.jsonl"
         if dry_run:
-            from ersd.bench.runner import Calibration, plan
+            from ersd.bench.calibration import Calibration
+            from ersd.bench.planning import plan
 
             cal = Calibration.load(cfg.run.profile) if cfg.run.profile else None
             for t in cfg.run.temperatures:
@@ -152,7 +153,7 @@ def run(
             if cal is None:
                 click.echo("(optimal and cost-aware trees are added after calibration)")
             return
-        from ersd.bench.runner import run_bench
+        from ersd.bench.running import run_bench
 
         run_bench(cfg, path, progress=not no_progress, log=_echo_err)
         click.echo(str(path))
@@ -173,8 +174,8 @@ def run(
 @click.option("--no-costs", is_flag=True, help="Only the rank profile; skip timing forwards.")
 def calibrate_cmd(config: str, quick: bool, out: str, no_costs: bool) -> None:
     """Measure the ERSD rank profile (per depth) and forward costs on the calibration split."""
+    from ersd.bench.calibration import calibrate
     from ersd.bench.config import load_config
-    from ersd.bench.runner import calibrate
     from ersd.errors import ErsdError
 
     try:

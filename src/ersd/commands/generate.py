@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from ersd.methods.catalog import METHOD_NAMES
+
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 
 
@@ -90,13 +92,14 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "--method",
     default="ersd",
     show_default=True,
-    help="Verification method: ersd, sd, specinfer, rrs-wor, spectr, spechub, gls.",
+    help=f"Verification method: {', '.join(METHOD_NAMES)}.",
 )
 @click.option(
     "--tree",
     default="multi:2x3",
     show_default=True,
-    help="Draft tree: chain:K, multi:MxL, batch:K or paths:[[0],[1],[0,0]].",
+    help="Draft tree: chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE (a calibration "
+    "or rank-profile file) or paths:[[0],[1],[0,0]].",
 )
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=None)
@@ -159,14 +162,13 @@ def generate(
 ) -> None:
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair)."""
     import ersd
-    from ersd.bench.trees import resolve_tree
     from ersd.errors import ErsdError
 
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         ersd.get_method(method)
-        shape = resolve_tree(tree, temperature=temperature)
+        shape = ersd.parse_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
         tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)

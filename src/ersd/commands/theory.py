@@ -9,10 +9,11 @@ import json
 
 import click
 
+from ersd.methods.catalog import METHOD_NAMES
+
 FAMILY_NAMES = ("zipf", "tempered", "sharp", "swap", "uniform", "dirichlet")
 #: per-depth profiles stop at the first depth with fewer observations than this
 MIN_DEPTH_COUNT = 20
-METHOD_NAMES = ("ersd", "sd", "specinfer", "rrs-wor", "spectr", "spechub", "gls")
 
 
 @click.command()

@@ -1,60 +1,69 @@
 """Verification methods, one module each, behind one interface (:mod:`ersd.methods.base`).
 
-``METHODS`` maps a method name to its (stateless) method object; :func:`get_method` looks one up
-with an error that lists the known names.
+:mod:`ersd.methods.catalog` describes every method as plain data (name, shape limits, natural
+shapes, report order, colour; no torch); ``METHODS`` (:mod:`ersd.methods.registry`) maps a
+method name to its stateless method object and :func:`get_method` looks one up with an error that
+lists the known names.  Names are imported lazily (PEP 562) so that reading the catalog (theory,
+CLI help) never imports torch.
 """
 
 from __future__ import annotations
 
-from ersd.errors import UnknownMethodError
-from ersd.methods.base import (
-    DraftTree,
-    GreedyRule,
-    Method,
-    NodeDecision,
-    NodeNoise,
-    TreeVerification,
-    verify_tree,
-)
-from ersd.methods.ersd import ERSD
-from ersd.methods.gls import GumbelListSampling
-from ersd.methods.rrs_wor import RRSWithoutReplacement
-from ersd.methods.sd import SpeculativeSampling
-from ersd.methods.spechub import SpecHub
-from ersd.methods.specinfer import SpecInfer
-from ersd.methods.spectr import SpecTr
+import importlib
+from typing import TYPE_CHECKING, Any
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        ERSD(),
-        SpeculativeSampling(),
-        SpecInfer(),
-        RRSWithoutReplacement(),
-        SpecTr(),
-        SpecHub(),
-        GumbelListSampling(),
+if TYPE_CHECKING:
+    from ersd.methods.base import (
+        DraftTree,
+        GreedyRule,
+        Method,
+        NodeDecision,
+        NodeNoise,
+        TreeVerification,
+        verify_tree,
     )
+    from ersd.methods.catalog import CATALOG, METHOD_NAMES, MethodInfo
+    from ersd.methods.registry import METHODS, get_method
+
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "DraftTree",
+            "GreedyRule",
+            "Method",
+            "NodeDecision",
+            "NodeNoise",
+            "TreeVerification",
+            "verify_tree",
+        ),
+        "ersd.methods.base",
+    ),
+    **dict.fromkeys(("CATALOG", "METHOD_NAMES", "MethodInfo"), "ersd.methods.catalog"),
+    **dict.fromkeys(("METHODS", "get_method"), "ersd.methods.registry"),
 }
 
 
-def get_method(name: str | Method) -> Method:
-    """The method registered under ``name`` (a :class:`Method` passes through)."""
-    if isinstance(name, Method):
-        return name
-    try:
-        return METHODS[name]
-    except (KeyError, TypeError):
-        raise UnknownMethodError(
-            f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}"
-        ) from None
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ersd.methods' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
+    "CATALOG",
     "METHODS",
+    "METHOD_NAMES",
     "DraftTree",
     "GreedyRule",
     "Method",
+    "MethodInfo",
     "NodeDecision",
     "NodeNoise",
     "TreeVerification",

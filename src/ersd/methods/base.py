@@ -23,10 +23,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
 from ersd.errors import UnsupportedTreeError
+from ersd.methods.catalog import MethodInfo
 from ersd.race import STREAM_RACE, RaceNoise, race_winner
 from ersd.tree import TreeShape
 
@@ -97,19 +99,38 @@ class TreeVerification:
 
 
 class Method(ABC):
-    """A verification method: a drafting rule, a node verification rule and a bonus rule."""
+    """A verification method: a drafting rule, a node verification rule and a bonus rule.
 
+    A registered method sets ``info`` to its :mod:`ersd.methods.catalog` entry; ``name``,
+    ``summary`` and ``supported_shapes`` default to the entry's (a subclass may still set its own
+    ``name``, as the exactness suite's mutants do).
+    """
+
+    info: ClassVar[MethodInfo | None] = None
     name: str = ""
     summary: str = ""
     #: human-readable list of supported shapes, for error messages
     supported_shapes: str = "any tree"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        info = cls.__dict__.get("info")
+        if info is not None:
+            for attr in ("name", "summary", "supported_shapes"):
+                if attr not in cls.__dict__:
+                    setattr(cls, attr, getattr(info, attr))
+
     def check_shape(self, shape: TreeShape) -> None:
         """Raise :class:`UnsupportedTreeError` when this method cannot verify ``shape``.
 
-        The default accepts every tree; methods restricted to some shapes override it.
+        The default enforces the catalog's ``max_children``; methods with other restrictions
+        override it.
         """
-        return None
+        limit = self.info.max_children if self.info is not None else None
+        if limit is not None and shape.max_children > limit:
+            raise self._unsupported(
+                shape, f"a node has {shape.max_children} children (at most {limit} per node)"
+            )
 
     def _unsupported(self, shape: TreeShape, why: str) -> UnsupportedTreeError:
         return UnsupportedTreeError(

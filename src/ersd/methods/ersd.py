@@ -15,13 +15,12 @@ from collections.abc import Sequence
 import torch
 
 from ersd.methods.base import Method, NodeDecision, NodeNoise
+from ersd.methods.catalog import CATALOG
 from ersd.race import STREAM_RACE, race_rank, race_ranking, race_winner
 
 
 class ERSD(Method):
-    name = "ersd"
-    summary = "exponential races shared by drafter and target; drafter invariant"
-    supported_shapes = "any tree (children are ranks in the drafter's race)"
+    info = CATALOG["ersd"]
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         return race_ranking(draft_probs, noise.exponentials(STREAM_RACE), num_children)

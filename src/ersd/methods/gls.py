@@ -18,13 +18,12 @@ from collections.abc import Sequence
 import torch
 
 from ersd.methods.base import Method, NodeDecision, NodeNoise
+from ersd.methods.catalog import CATALOG
 from ersd.race import STREAM_DRAFT, STREAM_RACE, race_winner
 
 
 class GumbelListSampling(Method):
-    name = "gls"
-    summary = "Gumbel list sampling: i.i.d. race drafts, target races on the lanes' minimum"
-    supported_shapes = "any tree (children are i.i.d. race lanes)"
+    info = CATALOG["gls"]
 
     # --- hooks ---------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ Child ``x_j`` is accepted with probability ``min(1, p_j(x_j) / q_j(x_j))``; afte
 renormalised.  If every child is rejected the token is drawn from the last residual
 (``STREAM_RESIDUAL``).  Fewer than ``m`` children come back when ``q`` has fewer non-zero entries.
 
-Hooks (see :class:`ersd.methods._common.RecursiveRejection`): ``acceptance_probability``,
+Hooks (see :class:`ersd.methods.rejection.RecursiveRejection`): ``acceptance_probability``,
 ``residual``, ``next_draft_probs``, ``verify_uniforms``, ``sample_residual``, ``draft``.
 """
 
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from ersd.methods._common import RecursiveRejection, normalised_or
 from ersd.methods.base import NodeNoise
+from ersd.methods.catalog import CATALOG
+from ersd.methods.rejection import RecursiveRejection, normalised_or
 from ersd.race import STREAM_DRAFT, race_ranking
 
 
 class RRSWithoutReplacement(RecursiveRejection):
-    name = "rrs-wor"
-    summary = "recursive rejection sampling over drafts sampled without replacement"
-    supported_shapes = "any tree (children are Gumbel-top-m draws from the drafter)"
+    info = CATALOG["rrs-wor"]
     #: stream of the drafting race (never the shared race, stream 0)
     draft_stream: int = STREAM_DRAFT
 

@@ -7,23 +7,15 @@ At each node the drafter proposes one token ``x ~ q`` (inverse CDF with the unif
 chain the bonus token is the target's race winner (stream 0).  The per-token acceptance rate is
 ``sum_x min(p(x), q(x)) = 1 - TV(p, q)``.
 
-Hooks (see :class:`ersd.methods._common.RecursiveRejection`): ``acceptance_probability``,
+Hooks (see :class:`ersd.methods.rejection.RecursiveRejection`): ``acceptance_probability``,
 ``residual``, ``verify_uniforms``, ``sample_residual``, ``draft``.
 """
 
 from __future__ import annotations
 
-from ersd.methods._common import RecursiveRejection
-from ersd.tree import TreeShape
+from ersd.methods.catalog import CATALOG
+from ersd.methods.rejection import RecursiveRejection
 
 
 class SpeculativeSampling(RecursiveRejection):
-    name = "sd"
-    summary = "standard speculative sampling: accept w.p. min(1, p/q), else sample max(p-q, 0)"
-    supported_shapes = "chains only (every node has at most one child, e.g. 'chain:4')"
-
-    def check_shape(self, shape: TreeShape) -> None:
-        if not shape.is_chain:
-            raise self._unsupported(
-                shape, f"a node has {shape.max_children} children (standard SD verifies one draft)"
-            )
+    info = CATALOG["sd"]

@@ -30,7 +30,9 @@ from collections.abc import Sequence
 import torch
 
 from ersd.errors import ErsdError, UnsupportedTreeError
-from ersd.methods._common import (
+from ersd.methods.base import NodeDecision, NodeNoise
+from ersd.methods.catalog import CATALOG
+from ersd.methods.rejection import (
     KeyedCoins,
     accept_probability,
     lane_uniform,
@@ -38,20 +40,10 @@ from ersd.methods._common import (
     positive_part,
     sample_categorical,
 )
-from ersd.methods.base import NodeDecision, NodeNoise
-from ersd.tree import TreeShape
 
 
 class SpecHub(KeyedCoins):
-    name = "spechub"
-    summary = "SpecHub: two drafts around the draft's argmax (hub), LP-optimal acceptance"
-    supported_shapes = (
-        "trees whose nodes have one or two children (e.g. 'chain:4', 'batch:2', 'multi:2x3')"
-    )
-
-    def check_shape(self, shape: TreeShape) -> None:
-        if shape.max_children > 2:
-            raise self._unsupported(shape, f"a node has {shape.max_children} children")
+    info = CATALOG["spechub"]
 
     # --- hooks ---------------------------------------------------------------------------------
 

@@ -7,16 +7,15 @@ rejection ``p_{j+1} = norm(max(p_j - q, 0))`` with ``q`` unchanged.  If every ch
 the emitted token is drawn from the last residual (``STREAM_RESIDUAL``).  Called "GSD" in the ERSD
 paper's figure.  With one child per node it is standard speculative sampling.
 
-Hooks (see :class:`ersd.methods._common.RecursiveRejection`): ``acceptance_probability``,
+Hooks (see :class:`ersd.methods.rejection.RecursiveRejection`): ``acceptance_probability``,
 ``residual``, ``next_draft_probs``, ``verify_uniforms``, ``sample_residual``, ``draft``.
 """
 
 from __future__ import annotations
 
-from ersd.methods._common import RecursiveRejection
+from ersd.methods.catalog import CATALOG
+from ersd.methods.rejection import RecursiveRejection
 
 
 class SpecInfer(RecursiveRejection):
-    name = "specinfer"
-    summary = "recursive rejection sampling over i.i.d. drafts (with replacement)"
-    supported_shapes = "any tree (children are i.i.d. draft lanes)"
+    info = CATALOG["specinfer"]

@@ -24,14 +24,15 @@ from collections.abc import Sequence
 
 import torch
 
-from ersd.methods._common import (
+from ersd.methods.base import NodeDecision, NodeNoise
+from ersd.methods.catalog import CATALOG
+from ersd.methods.rejection import (
     KeyedCoins,
     accept_probability,
     iid_draws,
     normalised_or,
     positive_part,
 )
-from ersd.methods.base import NodeDecision, NodeNoise
 
 
 def _beta(p: torch.Tensor, q: torch.Tensor, rho: float) -> float:
@@ -97,9 +98,7 @@ def spectr_rho(
 
 
 class SpecTr(KeyedCoins):
-    name = "spectr"
-    summary = "SpecTr k-sequential selection over i.i.d. drafts"
-    supported_shapes = "any tree (children are i.i.d. draft lanes)"
+    info = CATALOG["spectr"]
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         return iid_draws(draft_probs, num_children, noise)

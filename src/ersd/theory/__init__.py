@@ -46,7 +46,15 @@ from ersd.theory.distributions import (
     rank_entropy,
     total_variation,
 )
-from ersd.theory.profile import RankProfile, RankProfileError, merge_profiles
+from ersd.theory.profile import (
+    ProfileFile,
+    RankProfile,
+    RankProfileError,
+    load_profiles,
+    merge_profiles,
+    nearest_temperature,
+    tree_depth_probs,
+)
 from ersd.theory.trees import (
     batch_paths,
     block_efficiency_bound,
@@ -63,6 +71,7 @@ from ersd.theory.trees import (
 __all__ = [
     "ACCEPTANCE_METHODS",
     "InvalidDistributionError",
+    "ProfileFile",
     "RankProfile",
     "RankProfileError",
     "acceptance_probability",
@@ -80,8 +89,10 @@ __all__ = [
     "gls_acceptance",
     "iid_optimal_acceptance",
     "kl_divergence",
+    "load_profiles",
     "merge_profiles",
     "multi_paths",
+    "nearest_temperature",
     "optimal_tree",
     "optimal_tree_by_depth",
     "per_node_block_efficiency",
@@ -94,4 +105,5 @@ __all__ = [
     "spectr_acceptance",
     "spectr_rho",
     "total_variation",
+    "tree_depth_probs",
 ]

@@ -31,18 +31,12 @@ import numpy as np
 from scipy import integrate, optimize
 
 from ersd.errors import ErsdError, UnknownMethodError, UnsupportedTreeError
+from ersd.methods.catalog import CATALOG, METHOD_NAMES
 from ersd.theory.distributions import as_pair, check_count
 
-#: methods with an exact acceptance formula here (the names of :data:`ersd.METHODS`)
-ACCEPTANCE_METHODS: tuple[str, ...] = (
-    "ersd",
-    "sd",
-    "specinfer",
-    "rrs-wor",
-    "spectr",
-    "spechub",
-    "gls",
-)
+#: methods with an exact acceptance formula here: every method of the catalog
+#: (:data:`ersd.methods.catalog.METHOD_NAMES`; :data:`_ACCEPTANCE` must cover them all)
+ACCEPTANCE_METHODS: tuple[str, ...] = METHOD_NAMES
 
 #: largest vocabulary for the subset enumeration of :func:`iid_optimal_acceptance`
 MAX_SUBSET_VOCAB = 20
@@ -450,6 +444,7 @@ _ACCEPTANCE: dict[str, Callable[[Any, Any, int], float]] = {
     "spechub": spechub_acceptance,
     "gls": gls_acceptance,
 }
+assert set(_ACCEPTANCE) == set(CATALOG), "every catalog method needs an acceptance formula"
 
 
 def acceptance_probability(

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ersd.errors import ErsdError
+from ersd.methods.catalog import CATALOG
 from ersd.theory.acceptance import (
     ACCEPTANCE_METHODS,
     MAX_SUBSET_VOCAB,
@@ -55,8 +56,6 @@ from ersd.theory.trees import (
 )
 
 SHAPES: tuple[str, ...] = ("chain", "batch", "multi", "optimal")
-_ORDERED = ("ersd", "specinfer", "rrs-wor", "sd")  # methods with a child-index distribution
-_MAX_CHILDREN = {"sd": 1, "spechub": 2}
 
 
 @dataclass
@@ -161,20 +160,21 @@ def pair_curves(
     best_multi: dict[int, tuple[int, int]] = {}
     acceptance: dict[str, dict[str, float | None]] = {}
     for meth in methods:
-        cap = min(_MAX_CHILDREN.get(meth, kmax), kmax)
+        info = CATALOG[meth]
+        cap = min(info.max_children or kmax, kmax)
         known = None
         if meth == "ersd":
             cid: np.ndarray | None = rank
         elif meth == "rrs-wor":  # exact enumeration as deep as it stays affordable
             cid = -np.diff(rrs_wor_partial_profile(p, q, cap))
             known = cid.size if cid.size < cap else None
-        elif meth in _ORDERED:
+        elif info.child_order:
             cid = child_index_distribution(p, q, cap, meth)
         else:
             cid = None
         if cid is not None:
             curves, best = _rank_curves(cid, ks, known)
-            if meth == "sd":  # chains only
+            if info.max_children == 1:  # chains only
                 curves["batch"] = [curves["chain"][0]] + [math.nan] * (len(ks) - 1)
                 curves["multi"] = [math.nan] * len(ks)
             if meth == "ersd":

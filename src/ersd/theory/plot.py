@@ -10,17 +10,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ersd.methods.catalog import CATALOG
 from ersd.theory.curves import Curves
 
-_COLOURS = {
-    "ersd": "#d62728",
-    "sd": "#7f7f7f",
-    "specinfer": "#1f77b4",
-    "rrs-wor": "#17becf",
-    "spectr": "#2ca02c",
-    "spechub": "#9467bd",
-    "gls": "#ff7f0e",
-}
 _TITLES = {
     "chain": "chain:k (one draft sequence)",
     "batch": "batch:k (k siblings at the root)",
@@ -31,8 +23,11 @@ _TITLES = {
 _NOTES = {
     "chain": "one child per node: sd, specinfer, rrs-wor, spectr, spechub\n"
     "coincide (1 − TV per node); gls coincides with ersd",
-    "optimal": "optimal trees exist for methods that try children in order\n"
-    "(ersd, specinfer, rrs-wor; sd = chain)",
+    "optimal": "optimal trees exist for methods that try children in order\n("
+    + ", ".join(m.name for m in CATALOG.values() if m.child_order and m.max_children != 1)
+    + "; "
+    + ", ".join(f"{m.name} = chain" for m in CATALOG.values() if m.max_children == 1)
+    + ")",
 }
 
 
@@ -59,7 +54,7 @@ def plot_curves(curves: Curves, path: str | Path, title: str = "") -> Path:
                 marker="o",
                 markersize=3,
                 linewidth=2.2 if method == "ersd" else 1.4,
-                color=_COLOURS.get(method, "black"),
+                color=CATALOG[method].colour if method in CATALOG else "black",
                 label=method,
                 zorder=3 if method == "ersd" else 2,
             )

@@ -16,17 +16,20 @@ File format (JSON, ``format = "ersd-rank-profile"``, ``version = 1``)::
      "depth_counts": [[...], [...]],      # optional: the same per depth (depth 1 first), or null
      "meta": {"target": "...", "draft": "...", "temperature": 1.0}}
 
-The benchmark's tree spec ``optimal:K@file`` loads such a file and builds
-:func:`ersd.theory.optimal_tree` from :meth:`RankProfile.rank_probs`.
+The tree spec ``optimal:K@file`` (:func:`ersd.parse_tree`) loads such a file, or a calibration
+file of ``ersd bench calibrate`` (one profile per temperature), with :func:`load_profiles` — the
+one reader of both formats — and builds :func:`ersd.theory.optimal_tree_by_depth` from
+:func:`tree_depth_probs`.  :func:`nearest_temperature` is the one rule that picks a per-temperature
+value (profile, tree choice) for another temperature.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,6 +37,13 @@ from ersd.errors import ErsdError
 
 PROFILE_FORMAT = "ersd-rank-profile"
 PROFILE_VERSION = 1
+#: the calibration file of ``ersd bench calibrate``: one rank profile per temperature, plus the
+#: benchmark's cost curves and tree choices
+CALIBRATION_FORMAT = "ersd-bench-calibration"
+#: building a tree from a profile, per-depth estimates with fewer observations than this fall
+#: back to the pooled profile
+TREE_MIN_DEPTH_COUNT = 50
+_MAKE_ONE = "write one with `ersd bench calibrate CONFIG --out FILE` or RankProfile.save"
 
 
 class RankProfileError(ErsdError):
@@ -214,16 +224,72 @@ class RankProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> RankProfile:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise RankProfileError(f"rank profile file {str(p)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise RankProfileError(
-                f"rank profile file {str(p)!r} is not valid JSON: {exc}"
-            ) from None
-        return cls.from_dict(data)
+        return cls.from_dict(_read_json(path, "rank profile"))
+
+
+def _read_json(path: str | Path, what: str) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise RankProfileError(f"{what} file {str(p)!r} does not exist; {_MAKE_ONE}") from None
+    except json.JSONDecodeError as exc:
+        raise RankProfileError(f"{what} file {str(p)!r} is not valid JSON: {exc}") from None
+
+
+@dataclass
+class ProfileFile:
+    """A rank-profile or calibration file: its profiles by temperature and its other fields.
+
+    ``data`` holds a calibration file's remaining top-level fields (``costs``, ``choices``,
+    ``meta``, read by the benchmark); it is empty for a plain rank profile, whose one profile is
+    filed under ``meta["temperature"]`` (1.0 when not recorded).
+    """
+
+    profiles: dict[float, RankProfile]
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def load_profiles(path: str | Path) -> ProfileFile:
+    """Read a rank profile (:meth:`RankProfile.save`) or a calibration file (``ersd bench
+    calibrate``): the one reader of both formats."""
+    data = _read_json(path, "profile")
+    if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT:
+        profiles = {float(t): RankProfile.from_dict(d) for t, d in data["profiles"].items()}
+        rest = {k: v for k, v in data.items() if k not in ("format", "version", "profiles")}
+        return ProfileFile(profiles, rest)
+    prof = RankProfile.from_dict(data)
+    return ProfileFile({float(prof.meta.get("temperature", 1.0)): prof})
+
+
+V = TypeVar("V")
+
+
+def nearest_temperature(by_temp: Mapping[float, V], temperature: float | None) -> V:
+    """The value filed at the temperature nearest ``temperature`` (ties: the lower one; None:
+    the lowest temperature)."""
+    if not by_temp:
+        raise RankProfileError("no rank profile available; run `ersd bench calibrate` first")
+    temps = sorted(by_temp)
+    if temperature is None:
+        return by_temp[temps[0]]
+    return by_temp[min(temps, key=lambda t: (abs(t - temperature), t))]
+
+
+def tree_depth_probs(profile: Any, temperature: float | None = None) -> list[np.ndarray]:
+    """Per-depth rank probabilities (depth 1 first) to build a tree from: of a
+    :class:`RankProfile`, a profile or calibration file (the profile nearest ``temperature``), a
+    ``{temperature: RankProfile}`` mapping, one pooled rank vector or a list of per-depth ones."""
+    if isinstance(profile, str | Path):
+        profile = load_profiles(profile).profiles
+    if isinstance(profile, Mapping):
+        profile = nearest_temperature(profile, temperature)
+    if isinstance(profile, RankProfile):
+        return profile.depth_rank_probs(min_count=TREE_MIN_DEPTH_COUNT)
+    arr = list(profile)
+    if arr and np.ndim(arr[0]) == 0:  # one pooled vector
+        return [np.asarray(arr, dtype=np.float64)]
+    return [np.asarray(a, dtype=np.float64) for a in arr]
 
 
 def merge_profiles(profiles: Sequence[RankProfile]) -> RankProfile:

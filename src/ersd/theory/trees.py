@@ -27,39 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from ersd.errors import ErsdError, InvalidTreeSpecError
+from ersd.errors import ErsdError
 from ersd.theory.distributions import as_probs, check_count, rank_entropy
+from ersd.tree import check_paths
 
 Path = tuple[int, ...]
 
 
 def _check_paths(paths: Iterable[Sequence[int]]) -> list[Path]:
-    """Validate child-index paths: non-empty, integers >= 0, no repeats, closed under parents."""
-    out: list[Path] = []
-    seen: set[Path] = set()
-    for raw in paths:
-        if isinstance(raw, str | bytes) or not isinstance(raw, Sequence) or len(raw) == 0:
-            raise InvalidTreeSpecError(
-                f"tree path {raw!r} must be a non-empty list of child indices, e.g. [0, 1]"
-            )
-        if not all(
-            isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 0 for c in raw
-        ):
-            raise InvalidTreeSpecError(
-                f"tree path {list(raw)} must hold integers >= 0 (0 = first child)"
-            )
-        t = tuple(int(c) for c in raw)
-        if t in seen:
-            raise InvalidTreeSpecError(f"tree path {list(t)} appears twice")
-        seen.add(t)
-        out.append(t)
-    for t in out:
-        if len(t) > 1 and t[:-1] not in seen:
-            raise InvalidTreeSpecError(
-                f"tree path {list(t)} has no parent {list(t[:-1])}; every prefix of a path must "
-                f"be in the tree"
-            )
-    return out
+    """Validate child-index paths (:func:`ersd.tree.check_paths`; gaps between siblings and the
+    empty tree are fine here)."""
+    return check_paths(paths, siblings=False, allow_empty=True)
 
 
 def _depth_profiles(depth_rank_probs: Sequence[Any]) -> list[np.ndarray]:

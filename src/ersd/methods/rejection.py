@@ -1,4 +1,5 @@
-"""Shared pieces of the rejection-based baselines: keyed i.i.d. draws, coins and residuals.
+"""Recursive rejection sampling (the verification rule of SD, SpecInfer and RRS-wor) and the keyed
+i.i.d. draws, coins and residuals it shares with SpecTr and SpecHub.
 
 Every helper is a pure function of float64 probability vectors and uniforms drawn from the keyed
 noise of one context (:class:`ersd.methods.base.NodeNoise`).  Streams (see :mod:`ersd.race`):

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from ersd.errors import UnknownMethodError
 from ersd.methods.base import (
+    GREEDY,
     DraftTree,
     GreedyRule,
     Method,
     NodeDecision,
     NodeNoise,
     TreeVerification,
+    rule_for,
     verify_tree,
 )
 from ersd.methods.ersd import ERSD
@@ -51,6 +53,7 @@ def get_method(name: str | Method) -> Method:
 
 
 __all__ = [
+    "GREEDY",
     "METHODS",
     "DraftTree",
     "GreedyRule",
@@ -59,5 +62,6 @@ __all__ = [
     "NodeNoise",
     "TreeVerification",
     "get_method",
+    "rule_for",
     "verify_tree",
 ]

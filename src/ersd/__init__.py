@@ -30,17 +30,22 @@ from ersd.errors import (
 )
 
 if TYPE_CHECKING:
-    from ersd.generation import GenerationResult, StepRecord, generate, generate_stream
+    from ersd.drafting import Drafter, DraftSession, ModelDrafter
+    from ersd.generation import generate, generate_stream
     from ersd.methods import METHODS, get_method
     from ersd.models.function import FunctionModel
     from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.results import GenerationResult, StepRecord
     from ersd.tree import TreeShape, parse_tree
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "GenerationResult": "ersd.generation",
-    "StepRecord": "ersd.generation",
+    "GenerationResult": "ersd.results",
+    "StepRecord": "ersd.results",
+    "Drafter": "ersd.drafting",
+    "DraftSession": "ersd.drafting",
+    "ModelDrafter": "ersd.drafting",
     "generate": "ersd.generation",
     "generate_stream": "ersd.generation",
     "METHODS": "ersd.methods",
@@ -89,12 +94,15 @@ def load_model(
 
 __all__ = [
     "METHODS",
+    "DraftSession",
+    "Drafter",
     "ErsdError",
     "FunctionModel",
     "GenerationInputError",
     "GenerationResult",
     "InvalidLogitsError",
     "InvalidTreeSpecError",
+    "ModelDrafter",
     "ModelLoadError",
     "SamplingParams",
     "SamplingParamsError",

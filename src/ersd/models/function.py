@@ -14,19 +14,30 @@ class FunctionModel:
     """``FunctionModel(fn, vocab_size)``: ``fn(sequences) -> Tensor[len(sequences), vocab_size]``.
 
     ``fn`` receives full token sequences (prompt + tokens so far) and returns one row of
-    next-token logits per sequence.  Every call of ``fn`` counts as one forward pass
+    next-token logits per sequence; ``max_length`` sets a context window (default unbounded).
+    Every call of ``fn`` counts as one forward pass
     (``forward_calls``), which lets tests check how many model calls a method makes.
     """
 
-    def __init__(self, fn: Callable[[list[list[int]]], torch.Tensor], vocab_size: int) -> None:
+    def __init__(
+        self,
+        fn: Callable[[list[list[int]]], torch.Tensor],
+        vocab_size: int,
+        *,
+        max_length: int | None = None,
+    ) -> None:
         if not callable(fn):
             raise TypeError("FunctionModel(fn, vocab_size): fn must be callable")
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(
                 f"FunctionModel: vocab_size must be a positive int, got {vocab_size!r}"
             )
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+            raise ValueError(f"FunctionModel: max_length must be an int >= 2, got {max_length!r}")
         self.fn = fn
         self.vocab_size = vocab_size
+        #: context window in tokens (None: unbounded)
+        self.max_length = max_length
         self.forward_calls = 0
 
     def logits(self, sequences: list[list[int]]) -> torch.Tensor:

@@ -32,19 +32,29 @@ from ersd.errors import (
 )
 
 if TYPE_CHECKING:
-    from ersd.generation import GenerationResult, StepRecord, generate, generate_stream
+    from ersd.batch import BatchEngine, derive_seed, generate_batch, generate_batch_stream
+    from ersd.drafting import Drafter, DraftSession, ModelDrafter
+    from ersd.generation import generate, generate_stream
     from ersd.methods import METHODS, get_method
     from ersd.models.base import LanguageModel, ModelSession, TextModel, Tokenizer
     from ersd.models.function import FunctionModel
     from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.results import GenerationResult, StepRecord
     from ersd.tree import TreeShape, parse_tree
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "GenerationResult": "ersd.generation",
-    "StepRecord": "ersd.generation",
+    "BatchEngine": "ersd.batch",
+    "derive_seed": "ersd.batch",
+    "generate_batch": "ersd.batch",
+    "generate_batch_stream": "ersd.batch",
+    "GenerationResult": "ersd.results",
+    "StepRecord": "ersd.results",
+    "Drafter": "ersd.drafting",
+    "DraftSession": "ersd.drafting",
+    "ModelDrafter": "ersd.drafting",
     "generate": "ersd.generation",
     "generate_stream": "ersd.generation",
     "METHODS": "ersd.methods",
@@ -77,6 +87,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "METHODS",
+    "BatchEngine",
+    "DraftSession",
+    "Drafter",
     "ErsdError",
     "FunctionModel",
     "GenerationInputError",
@@ -84,6 +97,7 @@ __all__ = [
     "InvalidLogitsError",
     "InvalidTreeSpecError",
     "LanguageModel",
+    "ModelDrafter",
     "ModelLoadError",
     "ModelSession",
     "SamplingParams",
@@ -95,7 +109,10 @@ __all__ = [
     "UnknownMethodError",
     "UnsupportedTreeError",
     "VocabularyMismatchError",
+    "derive_seed",
     "generate",
+    "generate_batch",
+    "generate_batch_stream",
     "generate_stream",
     "get_method",
     "load_model",

@@ -1,178 +1,115 @@
-"""The generation loop: propose → score → verify → commit, one record per target call.
+"""The generation loop in four phases: propose → score → verify → commit.
 
-* **propose** — the drafter builds the draft tree level by level (one draft forward per depth),
-  choosing each node's children with the method's drafting rule.
-* **score** — the target scores the root and every tree node in one forward pass.
-* **verify** — the method's rules walk the tree (:func:`ersd.methods.verify_tree`).
-* **commit** — both model sessions keep exactly the accepted path and the next token.
+One step is one target call:
 
-Models know nothing about verification and methods know nothing about models: this module wires
-them.  Randomness comes only from keyed races (:mod:`ersd.race`) built from ``seed`` and the
-context, so every run is a deterministic function of its arguments.
+* :func:`propose` — the drafter builds this step's draft tree (cut to the tokens still allowed);
+* :func:`score` — the target scores the root and every tree node in one forward pass;
+* :func:`verify` — the method's rules walk the tree (:func:`ersd.methods.verify_tree`);
+* :func:`commit` — the emitted tokens are cut at EOS / length / the context window and both the
+  target session and the drafter keep exactly the accepted path.
+
+:func:`step` chains the phases for one sequence; :func:`generate_stream` repeats it.  Models know
+nothing about verification and methods know nothing about models: this module wires them.
+Randomness comes only from keyed races (:mod:`ersd.race`) built from ``seed`` and the context,
+so every run is a deterministic function of its arguments.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
 from ersd.errors import GenerationInputError, VocabularyMismatchError
-from ersd.methods import DraftTree, GreedyRule, Method, NodeNoise, get_method, verify_tree
+from ersd.methods import DraftTree, Method, TreeVerification, get_method, rule_for, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
-from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner, root_key
+from ersd.race import RaceNoise, extend_key_many, root_key
+from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape, parse_tree
 
+TreeSpec = str | TreeShape | Sequence[Sequence[int]]
 
-@dataclass
-class StepRecord:
-    """What happened in one target call."""
 
-    step: int
-    tokens: list[int]  # tokens emitted by this call (after EOS / length truncation)
-    num_draft_tokens: int  # nodes in the drafted tree
-    num_accepted: int  # accepted draft tokens among ``tokens``
-    draft_forwards: int
-    tree_depth: int
-    ranks: list[int] = field(default_factory=list)  # ERSD: rank of target winner per context
-    draft_time: float = 0.0  # seconds in draft model forwards
-    target_time: float = 0.0  # seconds in the target model forward
-    total_time: float = 0.0  # seconds for the whole step
+@dataclass(frozen=True)
+class Settings:
+    """What every sequence of one generation shares: the rule, the tree, sampling, noise."""
 
-    @property
-    def other_time(self) -> float:
-        return max(self.total_time - self.draft_time - self.target_time, 0.0)
+    method: Method  # the verification method asked for
+    rule: Method  # the rule that verifies: ``method``, or GREEDY at temperature 0
+    shape: TreeShape | None  # None: nothing is drafted
+    params: SamplingParams
+    noise: RaceNoise
+    eos: frozenset[int]
+    #: feed at least this many tokens per target forward (padding nodes are scored and dropped)
+    min_forward_tokens: int = 1
 
 
 @dataclass
-class GenerationResult:
-    """Generated tokens (new tokens only, EOS included if hit) and statistics.
+class SequenceState:
+    """One sequence being generated: its sessions, race key and how far it has got."""
 
-    ``block_efficiency`` is tokens emitted per target call, bonus/correction token included
-    (the vLLM / EAGLE "mean acceptance length"); ``mean_accepted`` excludes it (gpt-fast).
-    """
-
-    tokens: list[int]
-    target_calls: int
-    draft_forwards: int
-    steps: list[StepRecord]
-    method: str
-    tree: str | None
-    finish_reason: str  # "eos" or "length"
-    wall_time: float
+    target: ModelSession
+    drafter: DraftSession | None
+    key: int  # race key of the committed context
+    max_new_tokens: int
+    max_length: int | None  # the target's context window (None: unbounded)
+    emitted: int = 0
+    steps: int = 0
+    finish_reason: str | None = None  # set when the sequence is done
 
     @property
-    def block_efficiency(self) -> float:
-        return len(self.tokens) / self.target_calls if self.target_calls else 0.0
+    def allowed(self) -> int:
+        """Tokens this sequence may still emit (max_new_tokens and the context window)."""
+        left = self.max_new_tokens - self.emitted
+        if self.max_length is not None:
+            left = min(left, self.max_length - len(self.target.committed))
+        return left
 
-    @property
-    def num_draft_tokens(self) -> int:
-        return sum(s.num_draft_tokens for s in self.steps)
 
-    @property
-    def num_accepted_tokens(self) -> int:
-        return sum(s.num_accepted for s in self.steps)
+# --- the four phases -------------------------------------------------------------------------
 
-    @property
-    def mean_accepted(self) -> float:
-        return self.num_accepted_tokens / self.target_calls if self.target_calls else 0.0
 
-    @property
-    def acceptance_rate(self) -> float:
-        d = self.num_draft_tokens
-        return self.num_accepted_tokens / d if d else 0.0
+def step_shape(settings: Settings, seq: SequenceState) -> TreeShape | None:
+    """This step's tree shape: the generation's shape cut to the tokens the sequence may still
+    emit, so that a fully accepted tree plus its bonus token fits (ERSD then stops at exactly the
+    token target-only sampling stops at); ``None`` when nothing is drafted."""
+    if settings.shape is None or seq.drafter is None:
+        return None
+    return settings.shape.truncated(seq.allowed - 1)
 
-    @property
-    def acceptance_histogram(self) -> list[int]:
-        """``hist[j]`` = target calls that accepted exactly ``j`` draft tokens."""
-        top = max((s.num_accepted for s in self.steps), default=0)
-        hist = [0] * (top + 1)
-        for s in self.steps:
-            hist[s.num_accepted] += 1
-        return hist
 
-    @property
-    def accepted_per_pos(self) -> list[float]:
-        """``P(depth i accepted)`` for i = 1, 2, ...: calls accepting >= i drafts / calls."""
-        depth = max((s.tree_depth for s in self.steps), default=0)
-        n = len(self.steps) or 1
-        return [sum(s.num_accepted >= i for s in self.steps) / n for i in range(1, depth + 1)]
+def propose(settings: Settings, seq: SequenceState) -> tuple[Proposal, int]:
+    """Draft this step's tree; returns (proposal, depth of the shape used)."""
+    shape = step_shape(settings, seq)
+    if shape is None or seq.drafter is None:
+        return Proposal(DraftTree.empty(seq.key)), 0
+    proposal = seq.drafter.propose(shape, seq.key, settings.rule, settings.params, settings.noise)
+    return proposal, shape.depth
 
-    @property
-    def ranks(self) -> list[int]:
-        return [r for s in self.steps for r in s.ranks]
 
-    @property
-    def draft_time(self) -> float:
-        return sum(s.draft_time for s in self.steps)
+def target_call(
+    settings: Settings, seq: SequenceState, tree: DraftTree
+) -> tuple[list[int], list[int]]:
+    """The target ``score`` call for ``tree``: its nodes, padded with throw-away children of the
+    root (repeats of the last committed token) up to ``min_forward_tokens`` fed tokens."""
+    tokens, parents = list(tree.tokens), list(tree.parents)
+    pad = settings.min_forward_tokens - 1 - len(tokens)
+    if pad > 0:
+        tokens += [seq.target.committed[-1]] * pad
+        parents += [-1] * pad
+    return tokens, parents
 
-    @property
-    def target_time(self) -> float:
-        return sum(s.target_time for s in self.steps)
 
-    @property
-    def other_time(self) -> float:
-        return max(self.wall_time - self.draft_time - self.target_time, 0.0)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.wall_time if self.wall_time > 0 else float("inf")
-
-    @classmethod
-    def from_steps(
-        cls,
-        steps: list[StepRecord],
-        *,
-        method: str | Method,
-        tree: str | TreeShape | Sequence[Sequence[int]] | None,
-        eos_token_id: int | Sequence[int] | None,
-        wall_time: float,
-    ) -> GenerationResult:
-        """Collect the records of :func:`generate_stream` (``tree=None``: no draft was used)."""
-        tokens = [t for s in steps for t in s.tokens]
-        return cls(
-            tokens=tokens,
-            target_calls=len(steps),
-            draft_forwards=sum(s.draft_forwards for s in steps),
-            steps=steps,
-            method=get_method(method).name,
-            tree=parse_tree(tree).spec if tree is not None else None,
-            finish_reason="eos" if tokens and tokens[-1] in _eos_set(eos_token_id) else "length",
-            wall_time=wall_time,
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """Summary statistics as a JSON-ready dict (vLLM metric names where one exists)."""
-        return {
-            "method": self.method,
-            "tree": self.tree,
-            "num_tokens": len(self.tokens),
-            "target_calls": self.target_calls,
-            "draft_forwards": self.draft_forwards,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "block_efficiency": self.block_efficiency,
-            "mean_accepted": self.mean_accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "num_accepted_tokens_per_pos": self.accepted_per_pos,
-            "acceptance_histogram": self.acceptance_histogram,
-            "wall_time": self.wall_time,
-            "draft_time": self.draft_time,
-            "target_time": self.target_time,
-            "other_time": self.other_time,
-            "tokens_per_second": self.tokens_per_second,
-            "finish_reason": self.finish_reason,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        d = self.stats()
-        d["tokens"] = list(self.tokens)
-        d["steps"] = [asdict(s) for s in self.steps]
-        return d
+def score(settings: Settings, seq: SequenceState, tree: DraftTree) -> tuple[torch.Tensor, float]:
+    """One target forward over the root and every node of ``tree``: (logits, seconds)."""
+    t0 = time.perf_counter()
+    logits = seq.target.score(*target_call(settings, seq, tree))
+    return logits[: 1 + tree.num_nodes], time.perf_counter() - t0
 
 
 class _LazyProbs:
@@ -191,6 +128,259 @@ class _LazyProbs:
         return row
 
 
+def verify(settings: Settings, tree: DraftTree, logits: torch.Tensor) -> TreeVerification:
+    """Walk ``tree`` with the rule: the accepted nodes and the tokens they emit."""
+    return verify_tree(settings.rule, tree, _LazyProbs(logits, settings.params), settings.noise)  # type: ignore[arg-type]
+
+
+def commit(
+    settings: Settings, seq: SequenceState, verdict: TreeVerification
+) -> tuple[list[int], list[int]]:
+    """Keep the emitted tokens allowed (EOS, length, window); returns (tokens, accepted nodes).
+
+    Sets ``seq.finish_reason`` when the sequence is done; otherwise the target session and the
+    drafter keep exactly the accepted path and the next token.
+    """
+    allowed = seq.allowed
+    tokens = verdict.tokens[:allowed]
+    for j, t in enumerate(tokens):
+        if t in settings.eos:
+            tokens = tokens[: j + 1]
+            break
+    accepted = verdict.accepted[: len(tokens)]
+    seq.key = extend_key_many(seq.key, tokens)
+    seq.emitted += len(tokens)
+    if tokens[-1] in settings.eos:
+        seq.finish_reason = "eos"
+    elif seq.emitted >= seq.max_new_tokens:
+        seq.finish_reason = "length"
+    elif len(tokens) >= allowed:
+        seq.finish_reason = "context"
+    if seq.finish_reason is None:
+        seq.target.commit(tokens, accepted)
+        if seq.drafter is not None:
+            seq.drafter.observe(tokens, accepted)
+    return tokens, accepted
+
+
+def settle(
+    settings: Settings,
+    seq: SequenceState,
+    proposal: Proposal,
+    depth: int,
+    logits: torch.Tensor,
+    *,
+    target_time: float,
+    started: float,
+) -> StepRecord:
+    """Verify and commit a scored step; its record (``started``: the step's perf_counter)."""
+    verdict = verify(settings, proposal.tree, logits)
+    tokens, accepted = commit(settings, seq, verdict)
+    seq.steps += 1
+    return StepRecord(
+        step=seq.steps - 1,
+        tokens=tokens,
+        num_draft_tokens=proposal.tree.num_nodes,
+        num_accepted=len(accepted),
+        draft_forwards=proposal.forwards,
+        tree_depth=depth,
+        ranks=verdict.ranks,
+        draft_time=proposal.seconds,
+        target_time=target_time,
+        total_time=time.perf_counter() - started,
+        finish_reason=seq.finish_reason,
+    )
+
+
+def step(settings: Settings, seq: SequenceState) -> StepRecord:
+    """One target call for one sequence: propose, score, verify, commit."""
+    started = time.perf_counter()
+    proposal, depth = propose(settings, seq)
+    logits, target_time = score(settings, seq, proposal.tree)
+    return settle(settings, seq, proposal, depth, logits, target_time=target_time, started=started)
+
+
+# --- set-up ----------------------------------------------------------------------------------
+
+
+def as_drafter(draft: Drafter | LanguageModel | None) -> Drafter | None:
+    """``draft`` as a :class:`~ersd.drafting.Drafter`: a language model is wrapped."""
+    if draft is None or isinstance(draft, Drafter):
+        return draft
+    if isinstance(draft, LanguageModel):
+        return ModelDrafter(draft)
+    raise GenerationInputError(
+        "draft must be a Drafter, a model with .vocab_size and .start(prompt) (e.g. "
+        f"ersd.load_model(...) or ersd.FunctionModel) or None, got {type(draft).__name__}"
+    )
+
+
+def make_settings(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    *,
+    method: str | Method,
+    tree: TreeSpec,
+    params: SamplingParams,
+    eos_token_id: int | Sequence[int] | None,
+    min_forward_tokens: int = 1,
+    noise: RaceNoise | None = None,
+) -> Settings:
+    """Validate the shared settings of a generation and resolve method, rule and tree once."""
+    meth = get_method(method)
+    shape = parse_tree(tree, temperature=params.temperature) if drafter is not None else None
+    if shape is not None:
+        meth.check_shape(shape)
+    return Settings(
+        method=meth,
+        rule=rule_for(meth, params),
+        shape=shape,
+        params=params,
+        noise=noise if noise is not None else RaceNoise(target.vocab_size),
+        eos=_eos_set(eos_token_id),
+        min_forward_tokens=min_forward_tokens,
+    )
+
+
+def start_sequence(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    prompt: Sequence[int],
+    *,
+    seed: int,
+    max_new_tokens: int,
+) -> SequenceState:
+    """Open the target session and the drafter's session of one prompt."""
+    ids = [int(t) for t in prompt]
+    return SequenceState(
+        target=target.start(ids),
+        drafter=drafter.start_drafting(ids) if drafter is not None else None,
+        key=root_key(seed, ids),
+        max_new_tokens=max_new_tokens,
+        max_length=getattr(target, "max_length", None),
+    )
+
+
+def sampling_params(
+    params: SamplingParams | None,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+) -> SamplingParams:
+    """``params`` if given (then the keyword settings must be left at their defaults)."""
+    if params is None:
+        return SamplingParams(temperature, top_k, top_p, min_p)
+    if not isinstance(params, SamplingParams):
+        raise GenerationInputError(
+            f"sampling must be an ersd.SamplingParams, got {type(params).__name__}"
+        )
+    if (temperature, top_k, top_p, min_p) != (1.0, None, None, None):
+        raise GenerationInputError(
+            "give the sampling settings either as sampling=SamplingParams(...) or as keyword "
+            "arguments (temperature=, top_k=, top_p=, min_p=), not both"
+        )
+    return params
+
+
+# --- public API ------------------------------------------------------------------------------
+
+
+def generate_stream(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    method: str | Method = "ersd",
+    tree: TreeSpec = "chain:4",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    sampling: SamplingParams | None = None,
+    min_forward_tokens: int = 1,
+) -> Iterator[StepRecord]:
+    """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
+    drafter = as_drafter(draft)
+    _validate(target, drafter, prompt, max_new_tokens, eos_token_id)
+    params = sampling_params(sampling, temperature, top_k, top_p, min_p)
+    settings = make_settings(
+        target,
+        drafter,
+        method=method,
+        tree=tree,
+        params=params,
+        eos_token_id=eos_token_id,
+        min_forward_tokens=min_forward_tokens,
+    )
+    seq = start_sequence(target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
+    while seq.finish_reason is None:
+        yield step(settings, seq)
+
+
+def generate(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    method: str | Method = "ersd",
+    tree: TreeSpec = "chain:4",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    sampling: SamplingParams | None = None,
+    min_forward_tokens: int = 1,
+    label: str | None = None,
+) -> GenerationResult:
+    """Sample up to ``max_new_tokens`` tokens from ``target`` after ``prompt``.
+
+    With a ``draft`` (a :class:`~ersd.drafting.Drafter`, or a draft model which is wrapped in a
+    :class:`~ersd.drafting.ModelDrafter`), speculative sampling with ``method`` over draft trees
+    of shape ``tree`` (see :mod:`ersd.tree`); with ``draft=None``, plain autoregressive sampling
+    from the target with the same sampler and keyed races (one target call per token).
+    Temperature 0 is greedy.  Sampling settings come as keywords or as one ``sampling=``
+    :class:`~ersd.SamplingParams`.  Generation stops at EOS, after ``max_new_tokens`` or at the
+    target's context window (``finish_reason`` "eos", "length", "context"), keeping every token.
+    ``min_forward_tokens`` pads every target forward to that many fed tokens (throw-away nodes;
+    the tokens are unchanged), ``label`` names the result (default: the method's name).
+    """
+    t0 = time.perf_counter()
+    steps = list(
+        generate_stream(
+            target,
+            draft,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            method=method,
+            tree=tree,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            eos_token_id=eos_token_id,
+            sampling=sampling,
+            min_forward_tokens=min_forward_tokens,
+        )
+    )
+    return GenerationResult.from_steps(
+        steps,
+        method=label or get_method(method).name,
+        tree=tree if draft is not None else None,
+        wall_time=time.perf_counter() - t0,
+    )
+
+
+# --- input checks ----------------------------------------------------------------------------
+
+
 def _check_model(model: Any, role: str) -> None:
     if not isinstance(model, LanguageModel):
         raise GenerationInputError(
@@ -202,20 +392,18 @@ def _check_model(model: Any, role: str) -> None:
 
 def _validate(
     target: LanguageModel,
-    draft: LanguageModel | None,
+    draft: Drafter | None,
     prompt: Sequence[int],
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None,
 ) -> None:
     _check_model(target, "target")
-    if draft is not None:
-        _check_model(draft, "draft")
-        if draft.vocab_size != target.vocab_size:
-            raise VocabularyMismatchError(
-                f"draft vocabulary has {draft.vocab_size} entries but the target's has "
-                f"{target.vocab_size}; draft and target must share one tokenizer and vocabulary "
-                "(pick a draft from the target's model family)"
-            )
+    if draft is not None and draft.vocab_size is not None and draft.vocab_size != target.vocab_size:
+        raise VocabularyMismatchError(
+            f"draft vocabulary has {draft.vocab_size} entries but the target's has "
+            f"{target.vocab_size}; draft and target must share one tokenizer and vocabulary "
+            "(pick a draft from the target's model family)"
+        )
     if isinstance(prompt, str):
         raise GenerationInputError(
             "prompt must be a list of token ids, not a string; tokenize it first "
@@ -243,6 +431,12 @@ def _validate(
     for eos in _eos_set(eos_token_id):
         if not 0 <= eos < v:
             raise GenerationInputError(f"eos_token_id {eos} is outside [0, {v})")
+    window = getattr(target, "max_length", None)
+    if window is not None and len(prompt) >= window:
+        raise GenerationInputError(
+            f"prompt has {len(prompt)} tokens but the target's context window is {window} "
+            "tokens, which leaves no room to generate; shorten the prompt"
+        )
 
 
 def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
@@ -251,195 +445,3 @@ def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if isinstance(eos_token_id, int):
         return frozenset([eos_token_id])
     return frozenset(int(e) for e in eos_token_id)
-
-
-def _propose(
-    session: ModelSession,
-    method: Method,
-    shape: TreeShape,
-    params: SamplingParams,
-    noise: RaceNoise,
-    key: int,
-) -> tuple[DraftTree, dict[int, int], int, float]:
-    """Draft a tree of ``shape`` level by level; returns (tree, fed node -> pending index,
-    draft forwards, seconds in draft forwards)."""
-    tree = DraftTree(tokens=[], parents=[], keys=[key], draft_probs=[None], children=[[]])
-    fed: dict[int, int] = {}
-    t0 = time.perf_counter()
-    root_logits = session.score([], [])[0]
-    draft_time = time.perf_counter() - t0
-    forwards = 1
-    # (shape node, tree context, logits at that context) of contexts to expand at this level
-    frontier: list[tuple[int, int, torch.Tensor]] = [(-1, 0, root_logits)]
-    while frontier:
-        grown: list[tuple[int, int]] = []  # (shape node, tree context) of new expandable nodes
-        for snode, ctx, logits in frontier:
-            kids = shape.child_nodes(snode)
-            if params.greedy:
-                tree.draft_probs[ctx] = logits_to_probs(logits, params)
-                toks = GreedyRule.draft(logits, len(kids))
-            else:
-                q = logits_to_probs(logits, params)
-                tree.draft_probs[ctx] = q
-                toks = method.draft(q, len(kids), NodeNoise(noise, tree.keys[ctx]))
-            for j, tok in enumerate(toks):
-                node = len(tree.tokens)
-                tree.tokens.append(int(tok))
-                tree.parents.append(ctx - 1)
-                tree.keys.append(extend_key(tree.keys[ctx], tok))
-                tree.draft_probs.append(None)
-                tree.children.append([])
-                tree.children[ctx].append(node)
-                if shape.child_nodes(kids[j]):
-                    grown.append((kids[j], node + 1))
-        if not grown:
-            break
-        feed_tokens = [tree.tokens[c - 1] for _, c in grown]
-        feed_parents = [fed.get(tree.parents[c - 1], -1) for _, c in grown]
-        base = len(fed)
-        t0 = time.perf_counter()
-        rows = session.score(feed_tokens, feed_parents)
-        draft_time += time.perf_counter() - t0
-        forwards += 1
-        for r, (_, c) in enumerate(grown):
-            fed[c - 1] = base + r
-        frontier = [(s, c, rows[1 + r]) for r, (s, c) in enumerate(grown)]
-    return tree, fed, forwards, draft_time
-
-
-def generate_stream(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    prompt: Sequence[int],
-    *,
-    max_new_tokens: int,
-    method: str | Method = "ersd",
-    tree: str | TreeShape | Sequence[Sequence[int]] = "chain:4",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    seed: int = 0,
-    eos_token_id: int | Sequence[int] | None = None,
-) -> Iterator[StepRecord]:
-    """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
-    _validate(target, draft, prompt, max_new_tokens, eos_token_id)
-    params = SamplingParams(temperature, top_k, top_p, min_p)
-    meth = get_method(method)
-    shape = parse_tree(tree)
-    if draft is not None:
-        meth.check_shape(shape)
-    eos = _eos_set(eos_token_id)
-    noise = RaceNoise(target.vocab_size)
-    key = root_key(seed, prompt)
-    tsess = target.start(list(prompt))
-    dsess = draft.start(list(prompt)) if draft is not None else None
-    emitted = 0
-    step = 0
-    while emitted < max_new_tokens:
-        t_step = time.perf_counter()
-        remaining = max_new_tokens - emitted
-        step_shape = shape.truncated(remaining - 1) if dsess is not None else None
-        draft_time = 0.0
-        forwards = 0
-        fed: dict[int, int] = {}
-        # propose
-        if dsess is not None and step_shape is not None:
-            dtree, fed, forwards, draft_time = _propose(dsess, meth, step_shape, params, noise, key)
-        else:
-            dtree = DraftTree(tokens=[], parents=[], keys=[key], draft_probs=[None], children=[[]])
-        # score
-        t0 = time.perf_counter()
-        logits = tsess.score(dtree.tokens, dtree.parents)
-        target_time = time.perf_counter() - t0
-        # verify
-        target_probs = _LazyProbs(logits, params)
-        if dtree.num_nodes == 0 and not params.greedy:
-            tok = race_winner(target_probs[0], noise.exponentials(key, STREAM_RACE))
-            accepted, tokens, ranks = [], [tok], []
-        else:
-            ver = verify_tree(None if params.greedy else meth, dtree, target_probs, noise)  # type: ignore[arg-type]
-            accepted, tokens, ranks = ver.accepted, ver.tokens, ver.ranks
-        # commit
-        cut = min(len(tokens), remaining)
-        for j, t in enumerate(tokens[:cut]):
-            if t in eos:
-                cut = j + 1
-                break
-        tokens = tokens[:cut]
-        accepted = accepted[:cut]
-        for t in tokens:
-            key = extend_key(key, t)
-        emitted += len(tokens)
-        done = emitted >= max_new_tokens or tokens[-1] in eos
-        if not done:
-            tsess.commit(tokens, accepted)
-            if dsess is not None:
-                path: list[int] = []
-                for n in accepted:
-                    if n not in fed:
-                        break
-                    path.append(fed[n])
-                dsess.commit(tokens, path)
-        yield StepRecord(
-            step=step,
-            tokens=tokens,
-            num_draft_tokens=dtree.num_nodes,
-            num_accepted=len(accepted),
-            draft_forwards=forwards,
-            tree_depth=step_shape.depth if step_shape is not None else 0,
-            ranks=ranks,
-            draft_time=draft_time,
-            target_time=target_time,
-            total_time=time.perf_counter() - t_step,
-        )
-        step += 1
-        if done:
-            return
-
-
-def generate(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    prompt: Sequence[int],
-    *,
-    max_new_tokens: int,
-    method: str | Method = "ersd",
-    tree: str | TreeShape | Sequence[Sequence[int]] = "chain:4",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    seed: int = 0,
-    eos_token_id: int | Sequence[int] | None = None,
-) -> GenerationResult:
-    """Sample up to ``max_new_tokens`` tokens from ``target`` after ``prompt``.
-
-    With a ``draft`` model, speculative sampling with ``method`` over draft trees of shape ``tree``
-    (see :mod:`ersd.tree`); with ``draft=None``, plain autoregressive sampling from the target with
-    the same sampler and keyed races (one target call per token).  Temperature 0 is greedy.
-    """
-    t0 = time.perf_counter()
-    steps = list(
-        generate_stream(
-            target,
-            draft,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            method=method,
-            tree=tree,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            eos_token_id=eos_token_id,
-        )
-    )
-    return GenerationResult.from_steps(
-        steps,
-        method=method,
-        tree=tree if draft is not None else None,
-        eos_token_id=eos_token_id,
-        wall_time=time.perf_counter() - t0,
-    )

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from ersd.generation import GenerationResult, StepRecord
-from ersd.probs import SamplingParams, logits_to_probs
-from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner, root_key
+import ersd
+from ersd.results import GenerationResult
 
 
 def target_only_two_token(
@@ -36,53 +35,16 @@ def target_only_two_token(
     eos_token_id: Sequence[int] | None = None,
 ) -> GenerationResult:
     """Target-only race sampling where every forward feeds two tokens (see module docstring)."""
-    t_start = time.perf_counter()
-    params = SamplingParams(temperature)
-    noise = RaceNoise(target.vocab_size)
-    key = root_key(seed, prompt)
-    eos = set(eos_token_id or [])
-    session = target.start(list(prompt))
-    pad = int(prompt[-1])
-    tokens: list[int] = []
-    steps: list[StepRecord] = []
-    while len(tokens) < max_new_tokens:
-        t_step = time.perf_counter()
-        t0 = time.perf_counter()
-        logits = session.score([pad], [-1])
-        target_time = time.perf_counter() - t0
-        probs = logits_to_probs(logits[0], params)
-        if params.greedy:
-            tok = int(torch.argmax(probs).item())
-        else:
-            tok = race_winner(probs, noise.exponentials(key, STREAM_RACE))
-        key = extend_key(key, tok)
-        tokens.append(tok)
-        done = len(tokens) >= max_new_tokens or tok in eos
-        if not done:
-            session.commit([tok], [])
-        steps.append(
-            StepRecord(
-                step=len(steps),
-                tokens=[tok],
-                num_draft_tokens=0,
-                num_accepted=0,
-                draft_forwards=0,
-                tree_depth=0,
-                target_time=target_time,
-                total_time=time.perf_counter() - t_step,
-            )
-        )
-        if done:
-            break
-    return GenerationResult(
-        tokens=tokens,
-        target_calls=len(steps),
-        draft_forwards=0,
-        steps=steps,
-        method="target-only-2tok",
-        tree=None,
-        finish_reason="eos" if tokens and tokens[-1] in eos else "length",
-        wall_time=time.perf_counter() - t_start,
+    return ersd.generate(
+        target,
+        None,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        eos_token_id=eos_token_id,
+        min_forward_tokens=2,
+        label="target-only-2tok",
     )
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
         NodeDecision,
         NodeNoise,
         TreeVerification,
+        GREEDY,
+        rule_for,
         verify_tree,
     )
     from ersd.methods.catalog import CATALOG, METHOD_NAMES, MethodInfo
@@ -34,6 +36,8 @@ _LAZY: dict[str, str] = {
             "NodeDecision",
             "NodeNoise",
             "TreeVerification",
+            "GREEDY",
+            "rule_for",
             "verify_tree",
         ),
         "ersd.methods.base",
@@ -58,6 +62,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CATALOG",
+    "GREEDY",
     "METHODS",
     "METHOD_NAMES",
     "DraftTree",
@@ -68,5 +73,6 @@ __all__ = [
     "NodeNoise",
     "TreeVerification",
     "get_method",
+    "rule_for",
     "verify_tree",
 ]

@@ -29,7 +29,8 @@ import torch
 
 from ersd.errors import UnsupportedTreeError
 from ersd.methods.catalog import MethodInfo
-from ersd.race import STREAM_RACE, RaceNoise, race_winner
+from ersd.probs import SamplingParams, logits_to_probs
+from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner
 from ersd.tree import TreeShape
 
 
@@ -70,6 +71,46 @@ class DraftTree:
     keys: list[int] = field(default_factory=list)
     draft_probs: list[torch.Tensor | None] = field(default_factory=list)
     children: list[list[int]] = field(default_factory=list)
+
+    #: the context of the root (the committed sequence)
+    ROOT = 0
+
+    @classmethod
+    def empty(cls, key: int) -> DraftTree:
+        """A tree with only the root context, whose race key is ``key``."""
+        return cls(tokens=[], parents=[], keys=[key], draft_probs=[None], children=[[]])
+
+    @staticmethod
+    def context_of(node: int) -> int:
+        """The context right after node ``node`` (``-1``, the root's parent slot, gives ROOT)."""
+        return node + 1
+
+    @staticmethod
+    def node_of(ctx: int) -> int:
+        """The node whose token ends context ``ctx`` (``-1`` for the root)."""
+        return ctx - 1
+
+    def add_child(self, ctx: int, token: int) -> int:
+        """Append a node holding ``token`` below context ``ctx``; returns the new node's context.
+
+        The new context's race key extends ``ctx``'s key by ``token``.
+        """
+        node = len(self.tokens)
+        self.tokens.append(int(token))
+        self.parents.append(self.node_of(ctx))
+        self.keys.append(extend_key(self.keys[ctx], token))
+        self.draft_probs.append(None)
+        self.children.append([])
+        self.children[ctx].append(node)
+        return self.context_of(node)
+
+    def parent_context(self, ctx: int) -> int:
+        """The context ``ctx`` hangs below (ROOT for the root's children)."""
+        return self.context_of(self.parents[self.node_of(ctx)])
+
+    def token_ending(self, ctx: int) -> int:
+        """The token of the node that ends context ``ctx``."""
+        return self.tokens[self.node_of(ctx)]
 
     @property
     def num_nodes(self) -> int:
@@ -142,6 +183,17 @@ class Method(ABC):
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         """Tokens to draft below a context whose draft distribution is ``draft_probs``."""
 
+    def draft_children(
+        self, logits: torch.Tensor, params: SamplingParams, num_children: int, noise: NodeNoise
+    ) -> tuple[list[int], torch.Tensor]:
+        """Draft below a context from the drafter's raw ``logits``: (tokens, draft probabilities).
+
+        The probabilities are the ones :meth:`verify_node` later divides by, computed by the one
+        logits-to-probabilities path (:func:`ersd.probs.logits_to_probs`).
+        """
+        q = logits_to_probs(logits, params)
+        return self.draft(q, num_children, noise), q
+
     @abstractmethod
     def verify_node(
         self,
@@ -163,32 +215,64 @@ class Method(ABC):
         return None
 
 
-class GreedyRule:
-    """Temperature 0 for every method: draft the top logits, accept a child iff it is the argmax."""
+class GreedyRule(Method):
+    """Temperature 0, for every method: draft the top logits, accept a child iff it is the argmax.
+
+    :func:`rule_for` swaps it in for the chosen method when the sampling settings are greedy, so
+    every method then equals greedy decoding of the target.  Ties go to the lowest token id.
+    """
+
+    name = "greedy"
+    summary = "temperature 0: draft the drafter's top tokens, accept the target's argmax"
 
     @staticmethod
-    def draft(draft_logits: torch.Tensor, num_children: int) -> list[int]:
+    def top_tokens(draft_logits: torch.Tensor, num_children: int) -> list[int]:
+        """The ``num_children`` largest logits, best first (ties: lowest id; ``-inf`` never)."""
         m = min(num_children, draft_logits.numel())
         vals, idx = torch.topk(draft_logits.to(torch.float64), m)
         pairs = sorted(zip((-vals).tolist(), idx.tolist(), strict=True))
         return [int(i) for v, i in pairs if v != float("inf")]
 
-    @staticmethod
-    def verify_node(target_probs: torch.Tensor, children: Sequence[int]) -> NodeDecision:
+    def draft_children(
+        self, logits: torch.Tensor, params: SamplingParams, num_children: int, noise: NodeNoise
+    ) -> tuple[list[int], torch.Tensor]:
+        return self.top_tokens(logits, num_children), logits_to_probs(logits, params)
+
+    def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
+        return self.top_tokens(draft_probs, num_children)
+
+    def verify_node(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        children: Sequence[int],
+        noise: NodeNoise,
+    ) -> NodeDecision:
         y = int(torch.argmax(target_probs).item())
         for j, c in enumerate(children):
             if c == y:
                 return NodeDecision(j, y)
         return NodeDecision(None, y)
 
+    def bonus(self, target_probs: torch.Tensor, noise: NodeNoise) -> int:
+        return int(torch.argmax(target_probs).item())
+
+
+GREEDY = GreedyRule()
+
+
+def rule_for(method: Method, params: SamplingParams) -> Method:
+    """The rule that verifies under ``params``: :data:`GREEDY` at temperature 0, else ``method``."""
+    return GREEDY if params.greedy else method
+
 
 def verify_tree(
-    method: Method | None,
+    method: Method,
     tree: DraftTree,
     target_probs: torch.Tensor,
     noise: RaceNoise,
 ) -> TreeVerification:
-    """Walk ``tree`` from the root with ``method``'s rules (``None`` = :class:`GreedyRule`).
+    """Walk ``tree`` from the root with ``method``'s rules (see :func:`rule_for` for T = 0).
 
     ``target_probs`` is ``[1 + num_nodes, V]``: row ``ctx`` is the target's distribution at context
     ``ctx`` (0 = root, ``i + 1`` = after node ``i``).
@@ -201,23 +285,20 @@ def verify_tree(
         p = target_probs[ctx]
         node_noise = NodeNoise(noise, tree.keys[ctx])
         if not kids:
-            token = int(torch.argmax(p).item()) if method is None else method.bonus(p, node_noise)
+            token = method.bonus(p, node_noise)
             break
         kid_tokens = [tree.tokens[k] for k in kids]
-        if method is None:
-            decision = GreedyRule.verify_node(p, kid_tokens)
-        else:
-            q = tree.draft_probs[ctx]
-            assert q is not None, "a context with children must have draft probabilities"
-            decision = method.verify_node(p, q, kid_tokens, node_noise)
-            r = method.rank(p, q, decision.token, node_noise)
-            if r is not None:
-                ranks.append(r)
+        q = tree.draft_probs[ctx]
+        assert q is not None, "a context with children must have draft probabilities"
+        decision = method.verify_node(p, q, kid_tokens, node_noise)
+        r = method.rank(p, q, decision.token, node_noise)
+        if r is not None:
+            ranks.append(r)
         if decision.child is None:
             token = decision.token
             break
         node = kids[decision.child]
         accepted.append(node)
-        ctx = node + 1
+        ctx = tree.context_of(node)
     toks = [tree.tokens[n] for n in accepted] + [token]
     return TreeVerification(accepted=accepted, next_token=token, tokens=toks, ranks=ranks)

@@ -1,0 +1,123 @@
+"""The model drafter: a draft language model grows the tree level by level.
+
+One draft forward per tree depth: the root row first, then every node of a level that has children
+in the shape is fed in one ``score`` call.  Children come from the rule's drafting rule applied to
+the draft model's logits (the shared race for ERSD, keyed i.i.d. draws for the baselines, the top
+logits at temperature 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+
+import torch
+
+from ersd.drafting.base import Proposal
+from ersd.methods import DraftTree, Method, NodeNoise
+from ersd.models.base import LanguageModel, ModelSession
+from ersd.probs import SamplingParams
+from ersd.race import RaceNoise
+from ersd.tree import TreeShape
+
+
+class ModelDrafter:
+    """A :class:`~ersd.drafting.base.Drafter` backed by a draft language model."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    def start_drafting(self, prompt: Sequence[int]) -> ModelDraftSession:
+        return ModelDraftSession(self.model.start(list(prompt)))
+
+    def __repr__(self) -> str:
+        return f"ModelDrafter({self.model!r})"
+
+
+class ModelDraftSession:
+    """Drafting state of one sequence: the draft model's session and the last tree's feed map."""
+
+    def __init__(self, session: ModelSession) -> None:
+        self.session = session
+        # context of the last proposed tree -> its pending index in the draft session
+        self._fed: dict[int, int] = {}
+
+    def grow(
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
+        """Draft a tree of ``shape`` level by level, as a generator of draft-model calls.
+
+        Yields the ``(tokens, parents)`` of each ``score`` call the draft session must make
+        (first the root, then one call per level that has children to draft) and receives that
+        call's logits; returns the tree.  :meth:`propose` drives it with this session's model; a
+        batched engine drives the generators of many sequences with one forward per level.
+        """
+        tree = DraftTree.empty(key)
+        fed = {DraftTree.ROOT: -1}
+        rows = yield [], []
+        # (shape node, tree context, draft logits there) of the contexts to expand at this level
+        frontier: list[tuple[int, int, torch.Tensor]] = [(-1, DraftTree.ROOT, rows[0])]
+        while frontier:
+            grown: list[tuple[int, int]] = []  # (shape node, context) that have children to draft
+            for snode, ctx, logits in frontier:
+                kids = shape.child_nodes(snode)
+                toks, q = rule.draft_children(
+                    logits, params, len(kids), NodeNoise(noise, tree.keys[ctx])
+                )
+                tree.draft_probs[ctx] = q
+                for kid, tok in zip(kids, toks, strict=False):
+                    child = tree.add_child(ctx, tok)
+                    if shape.child_nodes(kid):
+                        grown.append((kid, child))
+            if not grown:
+                break
+            base = len(fed) - 1
+            rows = yield (
+                [tree.token_ending(c) for _, c in grown],
+                [fed[tree.parent_context(c)] for _, c in grown],
+            )
+            for r, (_, c) in enumerate(grown):
+                fed[c] = base + r
+            frontier = [(s, c, rows[1 + r]) for r, (s, c) in enumerate(grown)]
+        self._fed = fed
+        return tree
+
+    def propose(
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> Proposal:
+        levels = self.grow(shape, key, rule, params, noise)
+        call = next(levels)
+        forwards, seconds = 0, 0.0
+        while True:
+            t0 = time.perf_counter()
+            rows = self.session.score(*call)
+            seconds += time.perf_counter() - t0
+            forwards += 1
+            try:
+                call = levels.send(rows)
+            except StopIteration as done:
+                return Proposal(tree=done.value, forwards=forwards, seconds=seconds)
+
+    def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None:
+        path: list[int] = []
+        for node in accepted:
+            pending = self._fed.get(DraftTree.context_of(node))
+            if pending is None:  # accepted past the fed levels: the rest is fed next call
+                break
+            path.append(pending)
+        self.session.commit(list(tokens), path)
+        self._fed = {}

@@ -1,0 +1,175 @@
+"""What a generation produced: one :class:`StepRecord` per target call, collected into a
+:class:`GenerationResult` with the usual speculative-decoding statistics.
+
+Records are plain data: any loop (the speculative loop of :mod:`ersd.generation`, a baseline
+decoder in the bench, a batched engine) builds them and labels the result with its own name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: why a generation stopped: an EOS token, ``max_new_tokens``, or the model's context window
+FINISH_REASONS = ("eos", "length", "context")
+
+
+@dataclass
+class StepRecord:
+    """What happened in one target call."""
+
+    step: int
+    tokens: list[int]  # tokens emitted by this call (after EOS / length truncation)
+    num_draft_tokens: int  # nodes in the drafted tree
+    num_accepted: int  # accepted draft tokens among ``tokens``
+    draft_forwards: int
+    tree_depth: int
+    ranks: list[int] = field(default_factory=list)  # ERSD: rank of target winner per context
+    draft_time: float = 0.0  # seconds in draft model forwards
+    target_time: float = 0.0  # seconds in the target model forward
+    total_time: float = 0.0  # seconds for the whole step
+    finish_reason: str | None = None  # set on the last record: one of FINISH_REASONS
+
+    @property
+    def other_time(self) -> float:
+        return max(self.total_time - self.draft_time - self.target_time, 0.0)
+
+
+@dataclass
+class GenerationResult:
+    """Generated tokens (new tokens only, EOS included if hit) and statistics.
+
+    ``block_efficiency`` is tokens emitted per target call, bonus/correction token included
+    (the vLLM / EAGLE "mean acceptance length"); ``mean_accepted`` excludes it (gpt-fast).
+    """
+
+    tokens: list[int]
+    target_calls: int
+    draft_forwards: int
+    steps: list[StepRecord]
+    method: str
+    tree: str | None
+    finish_reason: str  # one of FINISH_REASONS
+    wall_time: float
+
+    @property
+    def block_efficiency(self) -> float:
+        return len(self.tokens) / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(s.num_draft_tokens for s in self.steps)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(s.num_accepted for s in self.steps)
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.num_accepted_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        d = self.num_draft_tokens
+        return self.num_accepted_tokens / d if d else 0.0
+
+    @property
+    def acceptance_histogram(self) -> list[int]:
+        """``hist[j]`` = target calls that accepted exactly ``j`` draft tokens."""
+        top = max((s.num_accepted for s in self.steps), default=0)
+        hist = [0] * (top + 1)
+        for s in self.steps:
+            hist[s.num_accepted] += 1
+        return hist
+
+    @property
+    def accepted_per_pos(self) -> list[float]:
+        """``P(depth i accepted)`` for i = 1, 2, ...: calls accepting >= i drafts / calls."""
+        depth = max((s.tree_depth for s in self.steps), default=0)
+        n = len(self.steps) or 1
+        return [sum(s.num_accepted >= i for s in self.steps) / n for i in range(1, depth + 1)]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for s in self.steps for r in s.ranks]
+
+    @property
+    def draft_time(self) -> float:
+        return sum(s.draft_time for s in self.steps)
+
+    @property
+    def target_time(self) -> float:
+        return sum(s.target_time for s in self.steps)
+
+    @property
+    def other_time(self) -> float:
+        return max(self.wall_time - self.draft_time - self.target_time, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.wall_time if self.wall_time > 0 else float("inf")
+
+    @classmethod
+    def from_steps(
+        cls,
+        steps: list[StepRecord],
+        *,
+        method: Any,
+        tree: Any,
+        wall_time: float,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> GenerationResult:
+        """Collect the records of a generation loop into a result.
+
+        ``method`` is a label: a method name or object (its ``.name``), or a baseline's own name;
+        ``tree`` a tree spec or shape (stored as its canonical spec) or ``None`` when nothing was
+        drafted.  The finish reason is the last record's; records without one (older producers)
+        fall back to "eos" if the last token is in ``eos_token_id`` and "length" otherwise.
+        """
+        from ersd.tree import parse_tree
+
+        tokens = [t for s in steps for t in s.tokens]
+        reason = steps[-1].finish_reason if steps else None
+        if reason is None:
+            eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+            reason = "eos" if tokens and tokens[-1] in eos else "length"
+        return cls(
+            tokens=tokens,
+            target_calls=len(steps),
+            draft_forwards=sum(s.draft_forwards for s in steps),
+            steps=steps,
+            method=str(getattr(method, "name", method)),
+            tree=parse_tree(tree).spec if tree is not None else None,
+            finish_reason=reason,
+            wall_time=wall_time,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Summary statistics as a JSON-ready dict (vLLM metric names where one exists)."""
+        return {
+            "method": self.method,
+            "tree": self.tree,
+            "num_tokens": len(self.tokens),
+            "target_calls": self.target_calls,
+            "draft_forwards": self.draft_forwards,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "block_efficiency": self.block_efficiency,
+            "mean_accepted": self.mean_accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "num_accepted_tokens_per_pos": self.accepted_per_pos,
+            "acceptance_histogram": self.acceptance_histogram,
+            "wall_time": self.wall_time,
+            "draft_time": self.draft_time,
+            "target_time": self.target_time,
+            "other_time": self.other_time,
+            "tokens_per_second": self.tokens_per_second,
+            "finish_reason": self.finish_reason,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.stats()
+        d["tokens"] = list(self.tokens)
+        d["steps"] = [asdict(s) for s in self.steps]
+        return d

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ersd.methods.base import (
+        GREEDY,
         DraftTree,
         GreedyRule,
         Method,
         NodeDecision,
         NodeNoise,
         TreeVerification,
-        GREEDY,
         rule_for,
         verify_tree,
     )

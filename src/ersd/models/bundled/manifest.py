@@ -127,7 +127,8 @@ def check_folder(folder: Path, model: BundledModel, *, hashes: bool = False) -> 
     problems: list[str] = []
     files = info.get("files")
     legacy = not isinstance(files, dict)
-    if legacy:
+    expected: dict[str, Any]
+    if not isinstance(files, dict):
         expected = {name: None for name in REQUIRED_FILES}
         expected.update({p.name: None for p in sorted(folder.glob("*.safetensors"))})
         if not any(name.endswith(".safetensors") for name in expected):

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ersd.errors import ModelLoadError
 from ersd.models.bundled.catalog import BUNDLED, BundledModel
@@ -100,7 +101,7 @@ def translate_os_errors(root: Path, what: str) -> Iterator[None]:
         raise cache_error(exc, root, what) from exc
 
 
-def _flock_module():  # type: ignore[no-untyped-def]
+def _flock_module() -> Any:
     try:
         import fcntl
     except ImportError:  # Windows: no locking (documented)

@@ -3,26 +3,28 @@
 What is tested (details and measured results: ``docs/exactness.md``):
 
 1. **Sequence law.** For every method in :data:`ersd.METHODS` and tree shape it supports, with
-   temperatures 0.6 / 1.0 / 1.5 and top-k + top-p, ``N = 3000`` sequences of ``L = 3`` new tokens
-   (distinct seeds) are drawn with :func:`ersd.generate` from a weight-free target over ``V = 4``
-   tokens (logits a fixed random table of the last two tokens) with a drafter that differs from it
-   (mildly perturbed, unrelated, reversed preferences, or with the target's favourite token
-   masked).  Their empirical law over the 64 sequences is compared with the target's law,
-   enumerated exactly with :func:`ersd.logits_to_probs`, by a Pearson chi-square test at
-   significance level ``ALPHA = 1e-4`` (cells with expected count < 5 pooled; a sequence of
-   target probability 0 is a certain rejection).  One configuration per method adds an
-   ``eos_token_id`` (variable-length sequences).
-2. **Power.** Deliberately broken variants ("mutants", subclasses overriding one hook) must be
-   rejected by the same test at the same sample size: ``p < ALPHA``.
+   temperatures 0.6 / 1.0 / 1.5, top-k + top-p and min-p, ``N = 3000`` sequences of ``L = 3``
+   new tokens (distinct seeds) are drawn with :func:`ersd.generate` from a weight-free target
+   over ``V = 4`` tokens (logits a fixed random table of the last two tokens) with a drafter that
+   differs from it (mildly perturbed, unrelated, reversed preferences, or with the target's
+   favourite token masked).  Their empirical law over the 64 sequences is compared with the
+   target's law, enumerated exactly with an independent reference of the sampling transforms
+   (``tests/reference_sampling.py``, not the library's ``logits_to_probs``), by a Pearson
+   chi-square test at significance level ``ALPHA = 1e-4`` (cells with expected count < 5 pooled;
+   a sequence of target probability 0 is a certain rejection).  One configuration per method
+   adds an ``eos_token_id`` (variable-length sequences).
+2. **Power.** Deliberately broken variants ("mutants": subclasses overriding one hook, and
+   ``logits_to_probs`` replaced by a version with one bug in temperature, top-k, top-p or min-p)
+   must be rejected by the same test at the same sample size: ``p < ALPHA``.
 3. **Temperature 0.** Every method and shape reproduces greedy decoding token for token.
 
 Grid: by default each (method, shape) pair runs at one sampling setting (two for ``sd``, which has
 two shapes); the settings rotate over shapes and between methods so that every method meets every
-setting and every shape meets every setting (33 configurations + 7 with EOS, a few minutes on 2
-cores).  ``ERSD_EXACTNESS=full`` runs the full cross product method x shape x setting (124 + 7
+setting and every shape meets every setting (39 configurations + 7 with EOS, a few minutes on 2
+cores).  ``ERSD_EXACTNESS=full`` runs the full cross product method x shape x setting (155 + 7
 configurations, about 3.5x longer).  ``ERSD_EXACTNESS_LOG=path`` appends every p-value to a JSONL
-file.  Seeds are fixed, so the suite is deterministic; with ``ALPHA = 1e-4`` and 40 sequence-law
-tests an exact implementation fails one by chance with probability at most 0.4%.
+file.  Seeds are fixed, so the suite is deterministic; with ``ALPHA = 1e-4`` and 46 sequence-law
+tests an exact implementation fails one by chance with probability at most 0.5%.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 import torch
@@ -48,6 +51,7 @@ from ersd.methods.sd import SpeculativeSampling
 from ersd.methods.spechub import SpecHub
 from ersd.methods.specinfer import SpecInfer
 from ersd.methods.spectr import SpecTr
+from ersd.probs import logits_to_probs as library_logits_to_probs
 from ersd.race import STREAM_RACE, _mix64, race_winner, root_key
 from ersd.tree import parse_tree
 from tests.exactness_util import (
@@ -63,6 +67,7 @@ from tests.exactness_util import (
     make_target,
     sample_counts,
 )
+from tests.reference_sampling import reference_probs
 
 #: sequences drawn per configuration (the mutants are rejected at this same size)
 N = 3000
@@ -84,8 +89,15 @@ SETTINGS: dict[str, dict[str, float | int | None]] = {
     "T1.0": {"temperature": 1.0},
     "T1.5": {"temperature": 1.5},
     "T1.0-top_k3-top_p0.9": {"temperature": 1.0, "top_k": 3, "top_p": 0.9},
+    "T1.5-min_p0.2": {"temperature": 1.5, "min_p": 0.2},
 }
 SETTING_NAMES = list(SETTINGS)
+#: settings used only by mutants (each makes one filter decisive on V = 4)
+MUTANT_SETTINGS: dict[str, dict[str, float | int | None]] = {
+    "T1.0-top_k2": {"temperature": 1.0, "top_k": 2},
+    "T1.0-top_p0.8": {"temperature": 1.0, "top_p": 0.8},
+}
+ALL_SETTINGS = {**SETTINGS, **MUTANT_SETTINGS}
 FULL = os.environ.get("ERSD_EXACTNESS", "") == "full"
 
 
@@ -159,9 +171,8 @@ def sequence_law_test(
     run: Callable[[Callable[[int], list[int]], int], list[int]] | None = None,
 ) -> FitResult:
     """Draw ``n`` sequences with ``generate`` and test them against the exact law."""
-    kw = SETTINGS[setting]
-    params = ersd.SamplingParams(**kw)
-    law = exact_law(target, PROMPT, length, params, eos_token_id)
+    kw = ALL_SETTINGS[setting]
+    law = exact_law(target, PROMPT, length, kw, eos_token_id)
     tmodel, dmodel = target.model(), draft.model()
 
     def one(seed: int) -> list[int]:
@@ -237,16 +248,16 @@ def test_grid_covers_every_method_shape_and_setting() -> None:
 
 
 def test_exact_law_matches_target_only_sampling_of_a_plain_loop() -> None:
-    """Cross-check of the enumeration itself: a plain multinomial sampler (torch, no ersd code
-    beyond logits_to_probs) passes, and the same sampler at the wrong temperature fails."""
+    """Cross-check of the enumeration itself: a plain multinomial sampler (torch, no ersd code)
+    passes, and the same sampler at the wrong temperature fails."""
     g = torch.Generator().manual_seed(7)
-    params = ersd.SamplingParams(1.0)
-    law = exact_law(TARGET, PROMPT, LENGTH, params)
+    law = exact_law(TARGET, PROMPT, LENGTH, {"temperature": 1.0})
 
     def sample(temp: float) -> tuple[int, ...]:
         seq: list[int] = []
         for _ in range(LENGTH):
-            p = ersd.logits_to_probs(TARGET.logits([*PROMPT, *seq]), ersd.SamplingParams(temp))
+            logits = TARGET.logits([*PROMPT, *seq]).tolist()
+            p = torch.tensor(reference_probs(logits, temperature=temp), dtype=torch.float64)
             seq.append(int(torch.multinomial(p, 1, generator=g).item()))
         return tuple(seq)
 
@@ -256,6 +267,28 @@ def test_exact_law_matches_target_only_sampling_of_a_plain_loop() -> None:
     bad = gof_test(Counter(sample(1.2) for _ in range(N)), law)
     assert good.pvalue >= ALPHA, good
     assert bad.pvalue < ALPHA, bad
+
+
+_FILTER_GRID = [
+    {"temperature": t, "top_k": k, "top_p": p, "min_p": m}
+    for t in (0.0, 0.3, 1.0, 2.0)
+    for k in (None, 1, 2, 5)
+    for p in (None, 0.5, 0.9)
+    for m in (None, 0.05, 0.3)
+]
+
+
+def test_library_filters_match_the_reference() -> None:
+    """ersd.logits_to_probs agrees with the independent reference on random and tied logits."""
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(8, generator=g, dtype=torch.float64) * s for s in (0.5, 2.0, 6.0)]
+    rows.append(torch.tensor([1.0, 3.0, 3.0, -1.0, 3.0, 0.0, 2.0, 2.0], dtype=torch.float64))
+    for kw in _FILTER_GRID:
+        params = ersd.SamplingParams(**kw)
+        for x in rows:
+            want = reference_probs(x.tolist(), **kw)
+            got = library_logits_to_probs(x, params).tolist()
+            assert got == pytest.approx(want, abs=1e-12), (kw, x.tolist())
 
 
 # --- 2. power: mutants must be rejected -----------------------------------------------------------
@@ -423,6 +456,67 @@ def _keyed_by_last_token(one: Callable[[int], list[int]], seed: int) -> list[int
         return one(seed)
 
 
+def _filter_mutant(bug: str) -> Callable[[torch.Tensor, ersd.SamplingParams], torch.Tensor]:
+    """``logits_to_probs`` with one bug in its filtering path."""
+    original = library_logits_to_probs
+
+    def renorm(p: torch.Tensor) -> torch.Tensor:
+        return p / p.sum(dim=-1, keepdim=True)
+
+    def mutant(logits: torch.Tensor, params: ersd.SamplingParams) -> torch.Tensor:
+        if params.greedy:
+            return original(logits, params)
+        if bug == "temperature-twice":
+            return original(logits.to(torch.float64) / params.temperature, params)
+        if bug == "top_k-off-by-one" and params.top_k is not None:
+            return original(logits, replace(params, top_k=params.top_k + 1))
+        if bug == "top_p-drops-boundary" and params.top_p is not None:
+            p = original(logits, replace(params, top_p=None, min_p=None))
+            sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
+            drop = torch.cumsum(sorted_p, dim=-1) >= params.top_p  # the boundary token too
+            drop[..., 0] = False
+            p = renorm(p.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), 0.0))
+            if params.min_p:
+                p = renorm(p.masked_fill(p < params.min_p * p.max(-1, keepdim=True).values, 0))
+            return p
+        if bug == "min_p-absolute" and params.min_p:
+            p = original(logits, replace(params, min_p=None))
+            keep = (p >= params.min_p) | (p == p.max(dim=-1, keepdim=True).values)
+            return renorm(p * keep)  # threshold min_p itself, not min_p * max p
+        return original(logits, params)
+
+    return mutant
+
+
+@contextmanager
+def _library_filters(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
+    """Replace ``logits_to_probs`` wherever ersd's modules imported it."""
+    patched = [
+        mod
+        for name, mod in list(sys.modules.items())
+        if (name == "ersd" or name.startswith("ersd."))
+        and getattr(mod, "logits_to_probs", None) is library_logits_to_probs
+    ]
+    assert any(m.__name__ not in ("ersd", "ersd.probs") for m in patched), (
+        "no ersd module uses logits_to_probs any more; update the filter mutants"
+    )
+    for mod in patched:
+        mod.logits_to_probs = fn
+    try:
+        yield
+    finally:
+        for mod in patched:
+            mod.logits_to_probs = library_logits_to_probs
+
+
+def _with_filter_bug(bug: str) -> Callable[[], AbstractContextManager[None]]:
+    def context() -> AbstractContextManager[None]:
+        return _library_filters(_filter_mutant(bug))
+
+    context.__name__ = bug
+    return context
+
+
 @dataclass(frozen=True)
 class Mutant:
     method: Method | str
@@ -430,10 +524,13 @@ class Mutant:
     setting: str
     draft: str
     run: Callable[[Callable[[int], list[int]], int], list[int]] | None = None
+    context: Callable[[], AbstractContextManager[Any]] | None = None
 
     @property
     def id(self) -> str:
         name = self.method if isinstance(self.method, str) else self.method.name
+        if self.context is not None:
+            return f"filter-{self.context.__name__}"
         return f"{name}-{self.shape}" if self.run is None else f"{name}-keyed-by-last-token"
 
 
@@ -450,19 +547,26 @@ MUTANTS = [
     Mutant(ERSDCorrectionFromDraft(), "chain:3", "T1.0", "mild"),
     Mutant(ERSDStaleBonus(), "chain:1", "T1.0", "mild"),
     Mutant("ersd", "chain:3", "T1.5", "mild", run=_keyed_by_last_token),
+    Mutant("ersd", "chain:3", "T0.6", "mild", context=_with_filter_bug("temperature-twice")),
+    Mutant("ersd", "chain:3", "T1.0-top_k2", "mild", context=_with_filter_bug("top_k-off-by-one")),
+    Mutant(
+        "ersd", "chain:3", "T1.0-top_p0.8", "mild", context=_with_filter_bug("top_p-drops-boundary")
+    ),
+    Mutant("ersd", "chain:3", "T1.5-min_p0.2", "mild", context=_with_filter_bug("min_p-absolute")),
 ]
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.id)
 def test_mutant_is_rejected(mutant: Mutant) -> None:
-    res = sequence_law_test(
-        mutant.method,
-        mutant.shape,
-        mutant.setting,
-        DRAFTS[mutant.draft],
-        tag=("mutant", mutant.id),
-        run=mutant.run,
-    )
+    with mutant.context() if mutant.context else nullcontext():
+        res = sequence_law_test(
+            mutant.method,
+            mutant.shape,
+            mutant.setting,
+            DRAFTS[mutant.draft],
+            tag=("mutant", mutant.id),
+            run=mutant.run,
+        )
     assert res.pvalue < ALPHA, f"mutant {mutant.id} was not rejected at n={N}: {res}"
 
 

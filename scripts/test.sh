@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # Run the test suite on a fresh machine: set up (.venv, torch CPU, ersd, SmolLM2 weights), then
-# pytest on 2 workers. Extra arguments go to pytest (e.g. -m slow for the Qwen tests).
+# pytest on 2 workers, without the slow tests. Extra arguments go to pytest.
+#
+#   bash scripts/test.sh                 # the suite (pytest -n 2; slow tests deselected)
+#   bash scripts/test.sh tests/test_cli_errors.py -x
+#   bash scripts/test.sh --slow          # only the slow tests on the real Qwen pair: installs and
+#                                        # prepares Qwen2.5-Coder 1.5B + 0.5B, runs them in ONE
+#                                        # process (they load ~8 GB; two workers would load 16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--slow" ]]; then
+  shift
+  bash scripts/setup.sh smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+  ersd models prepare --quiet --no-verify qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+  exec python -m pytest -n 0 -m slow "$@"
+fi
 bash scripts/setup.sh smollm2-135m
 # shellcheck disable=SC1091
 . .venv/bin/activate

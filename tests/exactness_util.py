@@ -3,8 +3,10 @@ goodness-of-fit test of an empirical sequence law against it.
 
 The models are weight-free: next-token logits are a fixed table indexed by the last two tokens of
 the context, so the target's law of a whole generated sequence of length ``L`` can be enumerated
-exactly (``V ** L`` sequences) with the library's one path from logits to probabilities
-(:func:`ersd.logits_to_probs`, the same temperature / top-k / top-p the generator uses).
+exactly (``V ** L`` sequences).  Each factor comes from :func:`tests.reference_sampling.
+reference_probs`, an independent implementation of temperature / top-k / top-p / min-p written
+from their definitions — not the library's :func:`ersd.logits_to_probs`, which the generator
+uses, so a bug there is caught rather than reproduced by the oracle.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import itertools
 import math
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from scipy import stats
 
 import ersd
+from tests.reference_sampling import reference_probs
 
 #: significance level of every goodness-of-fit test of the suite
 ALPHA = 1e-4
@@ -99,19 +103,21 @@ def exact_law(
     target: TableLM,
     prompt: Sequence[int],
     length: int,
-    params: ersd.SamplingParams,
+    settings: Mapping[str, Any],
     eos_token_id: int | None = None,
 ) -> dict[Seq, float]:
     """The target's exact law of the generated sequence (``length`` tokens, or fewer ending in
-    ``eos_token_id``): every sequence of positive probability with its probability."""
+    ``eos_token_id``) under sampling ``settings`` (``temperature``, ``top_k``, ``top_p``,
+    ``min_p``), from the independent reference: every sequence of positive probability with its
+    probability."""
     law: dict[Seq, float] = {}
 
     def walk(prefix: Seq, prob: float) -> None:
         if len(prefix) == length or (prefix and prefix[-1] == eos_token_id):
             law[prefix] = law.get(prefix, 0.0) + prob
             return
-        p = ersd.logits_to_probs(target.logits([*prompt, *prefix]), params)
-        for tok, pt in enumerate(p.tolist()):
+        p = reference_probs(target.logits([*prompt, *prefix]).tolist(), **settings)
+        for tok, pt in enumerate(p):
             if pt > 0:
                 walk((*prefix, tok), prob * pt)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,122 +17,31 @@ from click.testing import CliRunner
 from ersd.commands.models import models as models_cli
 from ersd.errors import ModelLoadError
 from ersd.models import bundled
-from ersd.models.bundled import BundledModel, Chunk
+from ersd.models.bundled import convert, gguf, manifest, store, wheels
+from tests import bundled_fakes
+from tests.bundled_fakes import (
+    DATA,
+    REAL_CONVERT,
+    fake_folder,
+    marker,
+)
 
-_REAL_CONVERT = bundled._convert
-
-CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second part " * 500, b"tail"]
-DATA = b"".join(CHUNKS)
-
-
-def _fake_model(
-    name: str = "fake-3part", sha256: str | None = None, parts: int = 3
-) -> BundledModel:
-    chunks = tuple(
-        Chunk(f"fake-pkg-part{i}", f"fake_pkg_part{i}", f"data/part{i:02d}.bin")
-        for i in range(1, parts + 1)
-    )
-    data = b"".join(CHUNKS[:parts])
-    return BundledModel(
-        name=name,
-        role="test",
-        description="fake model for tests",
-        upstream="none/fake",
-        version="9.9.9",
-        chunks=chunks,
-        gguf_file=f"{name}.gguf",
-        sha256=sha256 or hashlib.sha256(data).hexdigest(),
-        size_bytes=len(data),
-        tokenizer="none",
-        save_dtype="float32",
-        converted_bytes=1000,
-        convert_peak_bytes=1000,
-        license="none",
-    )
-
-
-def _marker(model: BundledModel, **changes: object) -> dict[str, object]:
-    return {
-        "format": bundled.FORMAT_VERSION,
-        "sha256": model.sha256,
-        "dtype": model.save_dtype,
-        **changes,
-    }
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A registry holding fake models, wheels in tmp_path/site, conversion replaced by a stub.
-
-    Returns a namespace-like dict: ``site`` (installed module folders), ``cache``, ``calls``
-    (log of assemble/convert calls).
-    """
-    site = tmp_path / "site"
-    for i, chunk in enumerate(CHUNKS, start=1):
-        folder = site / f"fake_pkg_part{i}" / "data"
-        folder.mkdir(parents=True)
-        (folder / f"part{i:02d}.bin").write_bytes(chunk)
-    single = site / "fake_single"
-    single.mkdir()
-    (single / "model.gguf").write_bytes(DATA)
-
-    registry = {
-        "fake-3part": _fake_model(),
-        "fake-bad": _fake_model("fake-bad", sha256="0" * 64),
-        "fake-single": replace(
-            _fake_model("fake-single"),
-            chunks=(Chunk("fake-single", "fake_single", "model.gguf"),),
-            gguf_file="model.gguf",
-        ),
-        "fake-missing": replace(
-            _fake_model("fake-missing"),
-            chunks=(
-                *_fake_model().chunks[:2],
-                Chunk("absent-pkg-a", "absent_a", "x.bin"),
-                Chunk("absent-pkg-b", "absent_b", "y.bin"),
-            ),
-        ),
-    }
-    monkeypatch.setattr(bundled, "BUNDLED", registry)
-
-    def locate_module(module: str) -> Path | None:
-        folder = site / module
-        return folder if folder.is_dir() else None
-
-    monkeypatch.setattr(bundled, "locate_module", locate_module)
-
-    calls: list[tuple[str, str]] = []
-    real_stream = bundled._stream
-
-    def stream(sources, sink, total, desc, progress):
-        calls.append(("stream", desc))
-        return real_stream(sources, sink, total, desc, progress)
-
-    def convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> None:
-        calls.append(("convert", model.name))
-        assert gguf.read_bytes() == DATA  # conversion always sees the verified GGUF
-        dest.mkdir(parents=True)
-        (dest / "config.json").write_text("{}")
-        (dest / bundled.MARKER).write_text(json.dumps(_marker(model)))
-
-    monkeypatch.setattr(bundled, "_stream", stream)
-    monkeypatch.setattr(bundled, "_convert", convert)
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(bundled.CACHE_ENV, str(cache))
-    return {"site": site, "cache": cache, "calls": calls}
+#: the fake registry, wheels and conversion (a fixture shared with the other cache tests)
+env = bundled_fakes.env
 
 
 def test_assemble_concatenates_in_order_and_verifies(env) -> None:
     path = bundled.assemble("fake-3part", progress=False)
     assert path == env["cache"] / "gguf" / "fake-3part.gguf"
     assert path.read_bytes() == DATA
-    # no temporary files left next to it
-    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-3part.gguf"]
+    # no temporary files left next to it (only the stamp recording the verified checksum)
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names == ["fake-3part.gguf", "fake-3part.gguf.verified.json"]
 
 
 def test_assemble_streams_in_blocks(env, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks are copied block by block, never read whole into memory."""
-    monkeypatch.setattr(bundled, "_READ_BLOCK", 1000)
+    monkeypatch.setattr(gguf, "READ_BLOCK", 1000)
     sizes: list[int] = []
 
     class Sink:
@@ -141,7 +49,7 @@ def test_assemble_streams_in_blocks(env, monkeypatch: pytest.MonkeyPatch) -> Non
             sizes.append(len(block))
 
     sources = bundled.locate(bundled.get_bundled("fake-3part"))
-    digest, size = bundled._stream(sources, Sink(), len(DATA), "t", False)
+    digest, size = gguf.stream(sources, Sink(), len(DATA), "t", False)
     assert size == len(DATA) == sum(sizes)
     assert max(sizes) == 1000
     assert digest == hashlib.sha256(DATA).hexdigest()
@@ -150,7 +58,7 @@ def test_assemble_streams_in_blocks(env, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_single_file_model_is_used_in_place(env) -> None:
     path = bundled.assemble("fake-single", progress=False)
     assert path == env["site"] / "fake_single" / "model.gguf"
-    assert not (env["cache"] / "gguf").exists()
+    assert not (env["cache"] / "gguf" / "model.gguf").exists()  # never copied
 
 
 def test_checksum_mismatch_is_refused(env) -> None:
@@ -162,7 +70,7 @@ def test_checksum_mismatch_is_refused(env) -> None:
     assert hashlib.sha256(DATA).hexdigest() in msg  # actual
     assert "pip install --no-deps --force-reinstall fake-pkg-part1==9.9.9" in msg
     # nothing assembled, nothing converted, nothing left behind
-    assert not any((env["cache"] / "gguf").iterdir())
+    assert not (env["cache"] / "gguf").exists() or not any((env["cache"] / "gguf").iterdir())
     assert ("convert", "fake-bad") not in env["calls"]
     assert not bundled.status("fake-bad").prepared
 
@@ -199,6 +107,7 @@ def test_prepare_then_reuse_cache(env) -> None:
     assert folder == env["cache"] / "models" / f"fake-3part-{sha[:16]}"
     assert (folder / bundled.MARKER).is_file()
     assert env["calls"] == [("stream", "assembling fake-3part"), ("convert", "fake-3part")]
+    assert bundled.check_folder(folder, bundled.get_bundled("fake-3part")).ok
     # the assembled GGUF is deleted after a successful conversion
     assert not (env["cache"] / "gguf" / "fake-3part.gguf").exists()
 
@@ -240,12 +149,15 @@ def test_stale_marker_is_redone(env, changes: dict[str, object] | None) -> None:
     model = bundled.get_bundled("fake-3part")
     old = bundled.prepared_dir(model)
     old.mkdir(parents=True)
-    text = "{not json" if changes is None else json.dumps(_marker(model, **changes))
+    text = "{not json" if changes is None else json.dumps(marker(model, **changes))
     (old / bundled.MARKER).write_text(text)
     assert not bundled.status("fake-3part").prepared
     bundled.prepare("fake-3part", progress=False)
     assert ("convert", "fake-3part") in env["calls"]
-    assert json.loads((old / bundled.MARKER).read_text()) == _marker(model)
+    assert {k: v for k, v in json.loads((old / bundled.MARKER).read_text()).items()} == {
+        **marker(model),
+        "files": manifest.describe_files(old),
+    }
 
 
 def test_failed_conversion_leaves_nothing(
@@ -255,8 +167,8 @@ def test_failed_conversion_leaves_nothing(
 
     Also checks the low-memory note printed before a conversion.
     """
-    monkeypatch.setattr(bundled, "_convert", _REAL_CONVERT)
-    monkeypatch.setattr(bundled, "_available_memory", lambda: 500)
+    monkeypatch.setattr(convert, "convert", REAL_CONVERT)
+    monkeypatch.setattr(store, "available_memory", lambda: 500)
     with pytest.raises(ModelLoadError, match="could not read the GGUF file of 'fake-single'"):
         bundled.prepare("fake-single", progress=True)
     assert "only 0.0 GB is available" in capsys.readouterr().err
@@ -266,7 +178,7 @@ def test_failed_conversion_leaves_nothing(
 
 
 def test_available_memory_reads_meminfo() -> None:
-    available = bundled._available_memory()
+    available = store.available_memory()
     assert available is None or available > 100_000_000
 
 
@@ -288,8 +200,7 @@ def test_waits_for_another_process_preparing(env) -> None:
         worker.join(timeout=0.5)
         assert worker.is_alive()  # blocked on the lock
         folder = bundled.prepared_dir(model)  # the other process finishes its conversion
-        folder.mkdir(parents=True)
-        (folder / bundled.MARKER).write_text(json.dumps(_marker(model)))
+        fake_folder(folder, model)
         fcntl.flock(fh, fcntl.LOCK_UN)
     worker.join(timeout=10)
     assert result == [folder]
@@ -297,8 +208,8 @@ def test_waits_for_another_process_preparing(env) -> None:
 
 
 def test_not_enough_disk(env, monkeypatch: pytest.MonkeyPatch) -> None:
-    usage = bundled.shutil.disk_usage(env["cache"].parent)
-    monkeypatch.setattr(bundled.shutil, "disk_usage", lambda _: usage._replace(free=10))
+    usage = store.shutil.disk_usage(env["cache"].parent)
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: usage._replace(free=10))
     with pytest.raises(ModelLoadError, match=r"not enough disk space.*\$ERSD_CACHE"):
         bundled.prepare("fake-3part", progress=False)
     assert env["calls"] == []
@@ -321,7 +232,8 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_progress_only_when_asked(env, capsys: pytest.CaptureFixture[str]) -> None:
     bundled.assemble("fake-3part", progress=False)
     assert capsys.readouterr().err == ""
-    (env["cache"] / "gguf" / "fake-3part.gguf").unlink()
+    for p in (env["cache"] / "gguf").iterdir():
+        p.unlink()
     bundled.assemble("fake-3part", progress=True)
     captured = capsys.readouterr()
     assert "assembling fake-3part" in captured.err
@@ -360,9 +272,9 @@ def test_locating_never_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise RuntimeError('imported!')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert bundled._module_folder("ersd_trap_pkg") == pkg
+    assert wheels._module_folder("ersd_trap_pkg") == pkg
     assert "ersd_trap_pkg" not in sys.modules
-    assert bundled._module_folder("ersd_no_such_package") is None
+    assert wheels._module_folder("ersd_no_such_package") is None
 
 
 # ----------------------------------------------------------------------------- CLI

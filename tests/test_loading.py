@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import ersd
 from ersd.errors import GenerationInputError, ModelLoadError, VocabularyMismatchError
-from ersd.models import bundled, loading, memory
+from ersd.models import loading, memory
 from ersd.models.hf import HFModel, from_pretrained_model
 from ersd.models.toy import ToyModel
 from tests.hf_tiny import V, save_tiny, tiny_model, word_tokenizer
@@ -67,7 +67,9 @@ def test_memory_hint(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_available_memory_is_one_helper() -> None:
-    assert bundled._available_memory is memory.available_memory
+    from ersd.models.bundled import store
+
+    assert store.available_memory is memory.available_memory
     have = memory.available_memory()
     assert have is None or have > 100_000_000
 

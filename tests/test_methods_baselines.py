@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -433,8 +432,11 @@ def test_sample_categorical_never_returns_zero_weight() -> None:
         sample_categorical(torch.zeros(3, dtype=torch.float64), 0.5)
 
 
-def test_large_vocabulary_fast_and_finite() -> None:
-    """Qwen2.5-size vocabulary: every rule is vectorised (no Python loop over 151,936 tokens)."""
+def test_large_vocabulary_valid_and_finite() -> None:
+    """Qwen2.5-size vocabulary: every rule returns a valid token with finite quantities.
+
+    (No wall-time assertion: speed is the benchmarks' business, and a timing bound in a unit
+    test fails on a busy machine and passes a slow implementation on a fast one.)"""
     v = 151_936
     gen = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(v, generator=gen, dtype=torch.float64) * 3, 0)
@@ -444,12 +446,10 @@ def test_large_vocabulary_fast_and_finite() -> None:
         method = METHODS[name]
         k = {"sd": 1, "spechub": 2}.get(name, 4)
         node = NodeNoise(noise, root_key(1, [BASELINES.index(name)]))
-        t0 = time.perf_counter()
         kids = method.draft(q, k, node)
         d = method.verify_node(p, q, kids, node)
-        elapsed = time.perf_counter() - t0
         assert 0 <= d.token < v and p[d.token] > 0
-        assert elapsed < 5.0, (name, elapsed)  # generous: 2 shared cores
+        assert all(0 <= c < v for c in kids)
     # SpecTr's rho on the full vocabulary and an all-rejected residual stay finite
     rho = spectr_rho(p, q, 8)
     res = METHODS["spectr"].residual(p, q, rho, 8)  # type: ignore[attr-defined]

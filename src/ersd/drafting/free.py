@@ -1,0 +1,150 @@
+"""What the model-free drafters share: per-source statistics and the session skeleton.
+
+A model-free session keeps the text seen so far (prompt + committed tokens) in some index and
+answers two questions: the state at the end of the committed text (:meth:`FreeSession.root_state`)
+and the continuations of a state (:meth:`FreeSession.expand`).
+:func:`~ersd.drafting.grow.grow_tree` does the rest.  Time spent in the index (look-ups while
+proposing, updates while observing) is the drafter's own time, reported as the step's
+``draft_time``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ersd.drafting.base import Proposal
+from ersd.drafting.grow import Budget, Continuation, DrafterConfigError, grow_tree
+from ersd.methods import DraftTree, Method
+from ersd.probs import SamplingParams
+from ersd.race import RaceNoise
+from ersd.tree import TreeShape
+
+
+@dataclass
+class SourceStats:
+    """What one source of draft tokens did: steps it proposed in, nodes, accepted tokens, time."""
+
+    steps: int = 0  # steps in which this source proposed at least one node
+    proposed: int = 0  # nodes proposed
+    accepted: int = 0  # accepted nodes it had proposed (a node two sources proposed counts twice)
+    seconds: float = 0.0  # drafting time of this source
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed nodes (0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Accepted tokens per step in which the source proposed."""
+        return self.accepted / self.steps if self.steps else 0.0
+
+
+@dataclass
+class DrafterStats:
+    """Per-source statistics of a drafter, summed over all its sessions."""
+
+    sources: dict[str, SourceStats] = field(default_factory=dict)
+
+    def source(self, name: str) -> SourceStats:
+        return self.sources.setdefault(name, SourceStats())
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready: ``{source: {steps, proposed, accepted, seconds, acceptance_rate}}``."""
+        return {
+            name: {
+                "steps": s.steps,
+                "proposed": s.proposed,
+                "accepted": s.accepted,
+                "seconds": s.seconds,
+                "acceptance_rate": s.acceptance_rate,
+            }
+            for name, s in self.sources.items()
+        }
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DrafterConfigError(f"drafter option {name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class FreeSession(ABC):
+    """Drafting state of one sequence for a model-free drafter (lookup, suffix)."""
+
+    #: source name in the drafter's statistics
+    source: str = "free"
+
+    def __init__(self, stats: DrafterStats, nodes: int, depth: int, branches: int) -> None:
+        self.stats = stats
+        self.limits = (nodes, depth, branches)
+        self._pending_seconds = 0.0  # index updates since the last proposal
+        self._last: DraftTree | None = None
+
+    # --- what a concrete drafter implements ---------------------------------------------------
+
+    @abstractmethod
+    def root_state(self) -> Hashable:
+        """State at the end of the committed text."""
+
+    @abstractmethod
+    def expand(self, state: Hashable) -> list[Continuation]:
+        """Continuations of ``state``, best first."""
+
+    @abstractmethod
+    def append(self, tokens: Sequence[int]) -> None:
+        """Add committed tokens to the index."""
+
+    # --- the DraftSession protocol ------------------------------------------------------------
+
+    def budget(self, shape: TreeShape | None) -> Budget:
+        """This drafter's limits, intersected with ``shape`` when given."""
+        nodes, depth, branches = self.limits
+        if shape is None:
+            return Budget(nodes, depth, branches)
+        return Budget.within(shape, nodes, depth, branches)
+
+    def grow(
+        self, budget: Budget, key: int, rule: Method, noise: RaceNoise
+    ) -> tuple[DraftTree, float]:
+        """The tree within ``budget`` and the seconds it took (statistics not yet recorded)."""
+        t0 = time.perf_counter()
+        tree, _ = grow_tree(self.expand, self.root_state(), budget, key, rule, noise)
+        return tree, time.perf_counter() - t0
+
+    def record(self, tree: DraftTree, seconds: float) -> None:
+        """Count a proposal in the statistics (``tree`` is the one the target will verify)."""
+        s = self.stats.source(self.source)
+        s.seconds += seconds
+        if tree.num_nodes:
+            s.steps += 1
+            s.proposed += tree.num_nodes
+
+    def propose(
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> Proposal:
+        tree, seconds = self.grow(self.budget(shape), key, rule, noise)
+        self.record(tree, seconds)
+        self._last = tree
+        seconds += self._pending_seconds
+        self._pending_seconds = 0.0
+        return Proposal(tree=tree, forwards=0, seconds=seconds)
+
+    def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None:
+        if self._last is not None and self._last.num_nodes:
+            self.stats.source(self.source).accepted += len(accepted)
+        self._last = None
+        t0 = time.perf_counter()
+        self.append(tokens)
+        dt = time.perf_counter() - t0
+        self._pending_seconds += dt
+        self.stats.source(self.source).seconds += dt

@@ -99,6 +99,10 @@ class FreeSession(ABC):
     def append(self, tokens: Sequence[int]) -> None:
         """Add committed tokens to the index."""
 
+    def match_length(self, state: Hashable) -> int:
+        """Length of the context matched at ``state`` (how much to trust its continuations)."""
+        return 0
+
     # --- the DraftSession protocol ------------------------------------------------------------
 
     def budget(self, shape: TreeShape | None) -> Budget:

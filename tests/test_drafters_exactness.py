@@ -42,12 +42,12 @@ from tests.test_exactness import (
     DRAFTS,
     LENGTH,
     MUTANTS,
-    N,
     SETTING_NAMES,
     SETTINGS,
     SHAPES,
     TARGET,
     VOCAB,
+    N,
     supports,
 )
 

@@ -48,6 +48,7 @@ from tests.test_exactness import (
     TARGET,
     VOCAB,
     N,
+    _log,
     supports,
 )
 
@@ -134,7 +135,9 @@ def law_test(
         ).tokens
 
     base = config_seed("drafters", *tag)
-    return gof_test(sample_counts(one, range(base, base + n)), law)
+    res = gof_test(sample_counts(one, range(base, base + n)), law)
+    _log({"tag": ["drafters", *map(str, tag)], "pvalue": res.pvalue, "cells": res.cells, "n": n})
+    return res
 
 
 def _grid() -> list[tuple[str, str, str, str]]:
@@ -183,13 +186,10 @@ def _hand_picked_children() -> Iterator[None]:
         grow.any_children_exact = original  # type: ignore[assignment]
 
 
-NAIVE = [
-    ("specinfer", "batch:3"),
-    ("rrs-wor", "batch:3"),
-    ("spectr", "batch:3"),
-    ("spechub", "multi:2x2"),
-    ("gls", "multi:2x2"),
-]
+#: methods whose verification assumes children drawn from q (SpecHub is left out: with two
+#: candidates its drafting always yields the same pair and its verification ignores their order,
+#: so hand-picking is exact there; ERSD and GLS are exact for any children)
+NAIVE = [("specinfer", "batch:3"), ("rrs-wor", "batch:3"), ("spectr", "batch:3")]
 
 
 @pytest.mark.parametrize(("method", "shape"), NAIVE)

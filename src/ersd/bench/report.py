@@ -95,22 +95,23 @@ class Row:
     bound: float | None = None
     identical: tuple[int, int] | None = None  # (runs identical to target-only, runs)
     extra: dict[str, Any] = field(default_factory=dict)
+    drafter: str | None = None  # drafter spec (model-free / hybrid); None: the draft model
 
     @property
     def label(self) -> str:
         if self.method in BASELINE_METHODS:
             return self.method
-        if self.method == "hf-assisted":
-            return f"hf-assisted (k={self.k})"
+        if self.method in ("hf-assisted", "hf-prompt-lookup"):
+            return f"{self.method} (k={self.k})"
         tree = self.tree or ""
         if len(tree) > 28:
             tree = tree[:25] + "..."
         tag = f" [{self.choice}]" if self.choice else ""
-        return f"{self.method} {tree}{tag}"
+        return f"{self.method} {tree}{tag}" + (f" @{self.drafter}" if self.drafter else "")
 
 
-def _key(r: dict[str, Any]) -> tuple[float, str, str | None, int | None]:
-    return (float(r["temperature"]), r["method"], r.get("tree"), r.get("k"))
+def _key(r: dict[str, Any]) -> tuple[float, str, str | None, int | None, str | None]:
+    return (float(r["temperature"]), r["method"], r.get("tree"), r.get("k"), r.get("drafter"))
 
 
 def _per_prompt(values: dict[str, list[float]]) -> list[float]:
@@ -127,14 +128,14 @@ def summarise(
         if r["method"] in BASELINE_METHODS:
             base[(r["method"], r["prompt_id"], float(r["temperature"]), int(r["seed"]))] = r
     profiles, vocab = _profiles(metas)
-    groups: dict[tuple[float, str, str | None, int | None], list[dict[str, Any]]] = defaultdict(
-        list
+    groups: dict[tuple[float, str, str | None, int | None, str | None], list[dict[str, Any]]] = (
+        defaultdict(list)
     )
     for r in results:
         groups[_key(r)].append(r)
     rows = []
     for key, recs in groups.items():
-        temp, method, tree, k = key
+        temp, method, tree, k, drafter = key
         be: dict[str, list[float]] = defaultdict(list)
         tps: dict[str, list[float]] = defaultdict(list)
         sp: dict[str, list[float]] = defaultdict(list)
@@ -181,7 +182,11 @@ def summarise(
             },
             prediction=recs[0].get("prediction"),
             identical=(ident[0], ident[1]) if ident[1] else None,
+            drafter=drafter,
         )
+        sources = source_totals(recs)
+        if sources:
+            row.extra["sources"] = sources
         prof = profiles.get(temp)  # theory only where a profile was measured at this T
         if method == "ersd" and prof is not None:
             paths = _paths(recs[0], metas)
@@ -196,11 +201,25 @@ def summarise(
     return rows
 
 
+def source_totals(recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per-source proposed / accepted / seconds summed over records (drafter runs only)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in recs:
+        for name, st in (r.get("drafter_stats") or {}).items():
+            tot = out.setdefault(name, {"proposed": 0, "accepted": 0, "seconds": 0.0})
+            for f in tot:
+                tot[f] += st[f]
+    for tot in out.values():
+        tot["acceptance_rate"] = tot["accepted"] / tot["proposed"] if tot["proposed"] else 0.0
+    return out
+
+
 def _method_order(m: str) -> int:
     order = [
         "target-only",
         "target-only-2tok",
         "hf-assisted",
+        "hf-prompt-lookup",
         "sd",
         "specinfer",
         "rrs-wor",
@@ -390,6 +409,22 @@ def markdown(
                     f"{ms['wall']:.0f} | {ms['other'] / ms['wall'] if ms['wall'] else 0:.1%} |"
                 )
         lines.append("")
+        with_sources = [r for r in trs if r.extra.get("sources")]
+        if with_sources:
+            lines += [
+                "Per-source acceptance of the drafters (draft tokens over all runs; a token two "
+                "sources proposed counts for both; the last step of a run is not counted):",
+                "",
+                "| configuration | source | proposed | accepted | accepted / proposed | seconds |",
+                "|---|---|---|---|---|---|",
+            ]
+            for r in with_sources:
+                for name, st in r.extra["sources"].items():
+                    lines.append(
+                        f"| {r.label} | {name} | {st['proposed']:.0f} | {st['accepted']:.0f} | "
+                        f"{st['acceptance_rate']:.1%} | {st['seconds']:.2f} |"
+                    )
+            lines.append("")
         dep = (dependence or {}).get(temp)
         if dep:
             lines += [
@@ -420,9 +455,10 @@ def best_per_method(rows: list[Row], metric: str = "speedup") -> dict[str, dict[
         value = getattr(r, metric)
         if r.method in BASELINE_METHODS or r.k is None or value is None:
             continue
-        cur = out.setdefault(r.method, {}).get(r.k)
+        name = r.method + (f" @{r.drafter}" if r.drafter else "")
+        cur = out.setdefault(name, {}).get(r.k)
         if cur is None or value.mean > getattr(cur, metric).mean:
-            out[r.method][r.k] = r
+            out[name][r.k] = r
     return out
 
 
@@ -443,6 +479,8 @@ def ersd_vs_hf(
         for k, row in sorted(best.items()):
             ratios: dict[str, list[float]] = defaultdict(list)
             for r in results:
+                if r.get("drafter"):
+                    continue
                 if (float(r["temperature"]), r["method"], r.get("tree"), r.get("k")) != (
                     temp,
                     "ersd",

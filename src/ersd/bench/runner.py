@@ -33,6 +33,7 @@ import ersd
 from ersd.bench.baselines import hf_assisted, target_only_two_token
 from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import CostModel, choose_trees, measure_costs, predict
+from ersd.bench.drafters import drafter_fields, hf_prompt_lookup, make_drafter
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.prompts import Prompt, encode_prompt, load_prompts
 from ersd.bench.trees import (
@@ -262,10 +263,12 @@ class Entry:
     choice: str | None = None  # "optimal-per-call" / "cost-aware" / None
     aliases: list[str] = field(default_factory=list)
     prediction: dict[str, Any] | None = None
+    drafter: str | None = None  # a drafter spec (run.drafters); None: the draft model
 
     @property
     def label(self) -> str:
-        return self.method + (f" {self.tree}" if self.tree else f" k={self.k}" if self.k else "")
+        tail = f" {self.tree}" if self.tree else f" k={self.k}" if self.k else ""
+        return self.method + tail + (f" @{self.drafter}" if self.drafter else "")
 
 
 def needs_profile(cfg: BenchConfig) -> bool:
@@ -315,6 +318,12 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
     for k in r.budgets:
         if "hf-assisted" in r.baselines:
             entries.append(Entry("hf-assisted", k=k))
+        if "hf-prompt-lookup" in r.baselines:
+            entries.append(Entry("hf-prompt-lookup", k=k))
+        for drafter in r.drafters:  # model-free / hybrid drafters: natural shapes, no merging
+            for method in r.methods:
+                for spec in natural_shapes(method, k, r.shapes):
+                    entries.append(Entry(method, spec, resolve_tree(spec), k, drafter=drafter))
         for method in r.methods:
             for spec in natural_shapes(method, k, r.shapes):
                 add(method, spec, k)
@@ -394,10 +403,22 @@ def run_entry(
             num_assistant_tokens=entry.k,
             eos_token_id=eos,
         )
+    if entry.method == "hf-prompt-lookup":
+        assert entry.k is not None
+        return hf_prompt_lookup(
+            pair.target,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            num_tokens=entry.k,
+            eos_token_id=eos,
+        )
     assert entry.shape is not None
+    drafter = make_drafter(entry.drafter, pair.draft) if entry.drafter else pair.draft
     res = ersd.generate(
         pair.target,
-        pair.draft,
+        drafter,
         ids,
         max_new_tokens=max_new_tokens,
         method=entry.method,
@@ -406,7 +427,10 @@ def run_entry(
         seed=seed,
         eos_token_id=eos,
     )
-    return _result_fields(res, entry.method)
+    return {
+        **_result_fields(res, entry.method),
+        **drafter_fields(drafter if entry.drafter else None),
+    }
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -437,10 +461,11 @@ def run_bench(
         torch.set_num_threads(cfg.models.threads)
     t_load = time.perf_counter()
     pair = pair or load_pair(cfg.models)
-    if pair.is_hf is False and "hf-assisted" in cfg.run.baselines:
+    hf_baselines = [b for b in ("hf-assisted", "hf-prompt-lookup") if b in cfg.run.baselines]
+    if pair.is_hf is False and hf_baselines:
         raise BenchConfigError(
-            f"run.baselines lists 'hf-assisted' but {cfg.models.target!r} is not a Hugging Face "
-            "model; remove 'hf-assisted' from run.baselines or use HF models"
+            f"run.baselines lists {hf_baselines[0]!r} but {cfg.models.target!r} is not a "
+            "Hugging Face model; remove it from run.baselines or use HF models"
         )
     log(f"[bench] {cfg.name}: {pair.description}, loaded in {time.perf_counter() - t_load:.1f}s")
     if calibration is None and needs_profile(cfg):
@@ -467,7 +492,7 @@ def run_bench(
                 cfg.run.budgets,
                 cfg.calibrate.max_candidate_nodes,
             )
-    prompts = load_prompts(cfg.prompts.sets, "eval", cfg.prompts.count)
+    prompts = load_prompts(cfg.prompts.sets, "eval", cfg.prompts.count, cfg.prompts.file)
     encoded = [
         encode_prompt(pair.tokenizer, p, cfg.prompts.template, cfg.prompts.max_prompt_tokens)
         for p in prompts
@@ -563,6 +588,7 @@ def _entry_meta(e: Entry) -> dict[str, Any]:
         "aliases": e.aliases,
         "paths": [list(p) for p in e.shape.paths] if e.shape else None,
         "prediction": e.prediction,
+        "drafter": e.drafter,
     }
 
 
@@ -591,6 +617,7 @@ def _record(
         "depth": e.shape.depth if e.shape else None,
         "choice": e.choice,
         "aliases": e.aliases,
+        "drafter": e.drafter,
         "order": order,
         "timestamp": time.time(),
     }

@@ -77,7 +77,9 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "--draft",
     default="qwen2.5-coder-0.5b",
     show_default=True,
-    help="Draft model (same vocabulary as the target), or 'none' for target-only.",
+    help="Draft model (same vocabulary as the target), 'none' for target-only, or a drafter: "
+    "'lookup' (prompt lookup), 'suffix', 'lookup:n=3,k=8,branches=2', 'lookup+<draft model>' "
+    "(hybrid); see docs/drafters.md.",
 )
 @click.option(
     "--draft-layers",
@@ -159,6 +161,7 @@ def generate(
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair)."""
     import ersd
     from ersd.bench.trees import resolve_tree
+    from ersd.drafting import parse_drafter
     from ersd.errors import ErsdError
 
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
@@ -172,10 +175,16 @@ def generate(
         dmodel = None
         if draft.lower() != "none":
             overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
-            dmodel = ersd.load_model(
-                draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
-            )
-            tmodel.same_tokenizer(dmodel)
+
+            def load_draft(name: str) -> Any:
+                m = ersd.load_model(
+                    name, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
+                )
+                tmodel.same_tokenizer(m)
+                return m
+
+            # a model name, 'lookup', 'suffix:...' or 'lookup+<model>' (ersd.drafting.spec)
+            dmodel = parse_drafter(draft, load_model=load_draft, tokenize=tmodel.tokenizer.encode)
         onednn = " oneDNN" if tmodel.linear_backend == "onednn" else ""
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"

@@ -8,9 +8,9 @@ weight (how often) and the drafter's state after it.  :func:`grow_tree` turns th
 
 * the **proposal set** ``S`` of a context is its best ``k`` continuations (``k`` = branching left)
   and the **draft distribution** there is ``q = weights of S, normalised`` (one-hot when ``k = 1``);
-* under ERSD and greedy decoding (rules that are exact for *any* children) the children are ``S``
-  itself, best first;
-* under every other rule (SD, SpecInfer, RRS-wor, SpecTr, SpecHub, GLS) the children are drawn by
+* under ERSD, GLS and greedy decoding (rules that are exact for *any* children: the emitted token
+  is always the target's own race winner / argmax) the children are ``S`` itself, best first;
+* under every other rule (SD, SpecInfer, RRS-wor, SpecTr, SpecHub) the children are drawn by
   the rule's own drafting rule from ``q`` (``rule.draft(q, k, noise)``), exactly as a draft model's
   children are drawn from its ``q``: each method's exactness proof then applies unchanged.  A
   child drawn twice (i.i.d. drafting) is kept (the verifier needs it) but not expanded.
@@ -33,6 +33,7 @@ import torch
 from ersd.errors import ErsdError
 from ersd.methods import DraftTree, GreedyRule, Method, NodeNoise
 from ersd.methods.ersd import ERSD
+from ersd.methods.gls import GumbelListSampling
 from ersd.race import RaceNoise
 from ersd.tree import TreeShape
 
@@ -78,10 +79,12 @@ class Budget:
 def any_children_exact(rule: Method) -> bool:
     """True for rules whose verification is exact whatever children are proposed.
 
-    ERSD (the emitted token is always the target's race winner) and greedy decoding (always the
-    target's argmax).  Every other rule assumes its children were drawn by its drafting rule.
+    ERSD (the emitted token is always the target's race winner), GLS (always the target's race
+    winner over the node's lanes, ``K`` = number of children, whatever the children are) and
+    greedy decoding (always the target's argmax).  Every other rule assumes its children were
+    drawn by its drafting rule.
     """
-    return isinstance(rule, ERSD | GreedyRule)
+    return isinstance(rule, ERSD | GumbelListSampling | GreedyRule)
 
 
 def proposal_probs(conts: list[Continuation], vocab_size: int) -> torch.Tensor:

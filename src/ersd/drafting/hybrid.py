@@ -6,7 +6,8 @@ Then a small cost model picks one of three mixes:
 * ``free``  — the model-free tree alone (the draft model does no forward this step);
 * ``model`` — the draft model's tree alone (the step's shape, as model-only drafting);
 * ``both``  — the two trees merged into one (a trie merge: a token both propose below the same
-  context is one node).  Only under rules that are exact for any children (ERSD, greedy); under
+  context is one node).  Only under rules that are exact for any children (ERSD, GLS, greedy);
+  under
   the other methods a context's children must be draws from one ``q``, so the mix is per step.
 
 The cost model keeps exponential moving averages of the time of a target step (target forward +

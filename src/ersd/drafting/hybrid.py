@@ -203,11 +203,11 @@ class HybridSession:
         self._maps = {}
         if mix == "free":
             tree = free_tree
-            self._maps[self.free.source] = list(range(1 + free_tree.num_nodes))  # type: ignore[arg-type]
+            self._maps[self.free.source] = list(range(1 + free_tree.num_nodes))
         elif mix == "model":
             assert model_tree is not None
             tree = model_tree
-            self._maps["model"] = list(range(1 + model_tree.num_nodes))  # type: ignore[arg-type]
+            self._maps["model"] = list(range(1 + model_tree.num_nodes))
         else:
             assert model_tree is not None
             tree, (fmap, mmap) = merge_trees(key, [free_tree, model_tree])

@@ -167,7 +167,7 @@ class SuffixDrafter:
         **options: int,
     ) -> SuffixDrafter:
         """A drafter whose corpus is read from ``path`` (see :func:`read_corpus`)."""
-        return cls(corpus=read_corpus(path, tokenize), **options)  # type: ignore[arg-type]
+        return cls(corpus=read_corpus(path, tokenize), **options)
 
     @property
     def vocab_size(self) -> None:

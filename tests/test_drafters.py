@@ -196,6 +196,8 @@ def test_parse_drafter_specs(tmp_path: Path) -> None:
     model = table_model(V, seed=0)
     h = parse_drafter("lookup:policy=fallback+toy", load_model=lambda name: model)
     assert isinstance(h, HybridDrafter) and h.policy == "fallback" and h.vocab_size == V
+    h = parse_drafter("lookup:model_depth=2+toy", load_model=lambda name: model)
+    assert isinstance(h, HybridDrafter) and h.model_depth == 2 and h.policy == "auto"
     m = parse_drafter("toy", load_model=lambda name: model)
     assert isinstance(m, ersd.ModelDrafter)
 
@@ -212,6 +214,7 @@ def test_parse_drafter_specs(tmp_path: Path) -> None:
         ("lookup+", "empty part"),
         ("lookup:policy=both", "only applies to a hybrid"),
         ("lookup:policy=often+toy", "unknown hybrid policy"),
+        ("lookup:model_depth=0+toy", "model_depth must be an integer >= 1"),
         ("", "non-empty"),
     ],
 )
@@ -275,6 +278,18 @@ def test_hybrid_reports_per_source_acceptance_and_is_drafter_invariant() -> None
         observed = res.num_accepted_tokens - res.steps[-1].num_accepted
         assert sum(s.accepted for s in st.values()) >= observed
     assert hybrid.mixes["free"] > 0  # fallback: lookup alone whenever it matched
+
+
+def test_hybrid_model_depth_keeps_the_model_shallow() -> None:
+    target = table_model(V, seed=0)
+    draft = mixed_draft(target, table_model(V, seed=1), 0.2)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    hybrid = HybridDrafter(LookupDrafter(n=2, k=8), draft, policy="both", model_depth=2)
+    sess = hybrid.start_drafting(prompt)
+    prop = sess.propose(TreeShape.chain(6), 9, get_method("ersd"), SamplingParams(1.0), NOISE)
+    assert prop.forwards == 2  # the model drafted two levels
+    assert max(prop.tree.depth_of(n) for n in range(prop.tree.num_nodes)) == 6  # lookup: six
+    assert prop.tree.num_nodes <= 6 + 2
 
 
 def test_lookup_drafter_accepts_a_copied_run_in_full() -> None:

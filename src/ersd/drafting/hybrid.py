@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ersd.drafting.base import Proposal
-from ersd.drafting.free import DrafterConfigError, DrafterStats, FreeSession
-from ersd.drafting.grow import Budget, any_children_exact
+from ersd.drafting.free import DrafterConfigError, DrafterStats, FreeSession, positive_int
+from ersd.drafting.grow import any_children_exact
 from ersd.drafting.lookup import LookupDrafter
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
 from ersd.drafting.suffix import SuffixDrafter
@@ -114,10 +114,17 @@ class HybridDrafter:
 
     ``policy``: ``auto`` (cost model), ``both`` (always merge where the rule allows it, else as
     ``auto``), ``fallback`` (the model drafts only where the model-free drafter has nothing).
+    ``model_depth``: the model drafts only the shape's first ``model_depth`` levels (default: the
+    whole shape), while the model-free drafter may use the whole shape: long copied runs, short
+    model chains.
     """
 
     def __init__(
-        self, free: FreeDrafter, model: LanguageModel | ModelDrafter, policy: str = "auto"
+        self,
+        free: FreeDrafter,
+        model: LanguageModel | ModelDrafter,
+        policy: str = "auto",
+        model_depth: int | None = None,
     ) -> None:
         if not isinstance(free, LookupDrafter | SuffixDrafter):
             raise DrafterConfigError(
@@ -131,6 +138,7 @@ class HybridDrafter:
         self.free = free
         self.model = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
         self.policy = policy
+        self.model_depth = None if model_depth is None else positive_int("model_depth", model_depth)
         self.stats = DrafterStats()
         self.costs = CostModel()
         self.mixes: Counter[str] = Counter()
@@ -145,7 +153,10 @@ class HybridDrafter:
         return HybridSession(self, free, self.model.start_drafting(prompt))
 
     def __repr__(self) -> str:
-        return f"HybridDrafter({self.free!r}, {self.model!r}, policy={self.policy!r})"
+        return (
+            f"HybridDrafter({self.free!r}, {self.model!r}, policy={self.policy!r}, "
+            f"model_depth={self.model_depth})"
+        )
 
 
 class HybridSession:
@@ -180,9 +191,7 @@ class HybridSession:
         params: SamplingParams,
         noise: RaceNoise,
     ) -> Proposal:
-        nodes, depth, branches = self.free.limits
-        budget = Budget(nodes, depth, min(branches, shape.max_children))
-        free_tree, seconds = self.free.grow(budget, key, rule, noise)
+        free_tree, seconds = self.free.grow(self.free.budget(shape), key, rule, noise)
         self._bucket = self.drafter.costs.bucket(
             self.free.match_length(self.free.root_state()) if free_tree.num_nodes else 0
         )
@@ -193,7 +202,10 @@ class HybridSession:
         forwards = 0
         model_tree = None
         if mix in ("model", "both"):
-            prop = self.model.propose(shape, key, rule, params, noise)
+            model_shape = shape
+            if self.drafter.model_depth is not None:
+                model_shape = shape.truncated(self.drafter.model_depth) or shape
+            prop = self.model.propose(model_shape, key, rule, params, noise)
             model_tree, forwards = prop.tree, prop.forwards
             seconds += prop.seconds
             stats.source("model").seconds += prop.seconds

@@ -6,11 +6,12 @@
     qwen2.5-coder-0.5b              a draft model (loaded by the caller's ``load_model``)
     lookup+qwen2.5-coder-0.5b       hybrid: lookup and the draft model, mixed per step
     lookup:policy=both+smollm2-135m hybrid with a fixed policy (auto, both, fallback)
+    lookup:model_depth=3+smollm2-135m  hybrid whose model drafts only 3 levels of the shape
 
 Options of ``lookup``: ``n``, ``min_n``, ``k``, ``depth``, ``branches``; of ``suffix``:
 ``match``, ``k``, ``depth``, ``branches``, ``corpus`` (a file of token ids, or of text when a
-``tokenize`` function is given; see :func:`ersd.drafting.suffix.read_corpus`).  ``policy`` is an
-option of the model-free part of a hybrid spec.
+``tokenize`` function is given; see :func:`ersd.drafting.suffix.read_corpus`).  ``policy`` and
+``model_depth`` are options of the model-free part of a hybrid spec.
 """
 
 from __future__ import annotations
@@ -56,10 +57,20 @@ def _options(part: str) -> dict[str, str]:
 
 def _free_drafter(
     part: str, tokenize: Callable[[str], list[int]] | None
-) -> tuple[LookupDrafter | SuffixDrafter, str | None]:
+) -> tuple[LookupDrafter | SuffixDrafter, dict[str, Any]]:
     name = _name(part)
     opts = _options(part)
-    policy = opts.pop("policy", None)
+    hybrid: dict[str, Any] = {}
+    if "policy" in opts:
+        hybrid["policy"] = opts.pop("policy")
+    if "model_depth" in opts:
+        value = opts.pop("model_depth")
+        try:
+            hybrid["model_depth"] = int(value)
+        except ValueError:
+            raise DrafterConfigError(
+                f"drafter option model_depth must be an integer, got {value!r}"
+            ) from None
     corpus = opts.pop("corpus", None) if name == "suffix" else None
     known = FREE_DRAFTERS[name]
     ints: dict[str, Any] = {}
@@ -68,7 +79,7 @@ def _free_drafter(
             extra = ", corpus" if name == "suffix" else ""
             raise DrafterConfigError(
                 f"unknown option {key!r} of drafter {name!r}; its options are "
-                f"{', '.join(known)}{extra} (and policy in a hybrid spec)"
+                f"{', '.join(known)}{extra} (and policy, model_depth in a hybrid spec)"
             )
         try:
             ints[key] = int(value)
@@ -77,10 +88,10 @@ def _free_drafter(
                 f"drafter option {name}:{key} must be an integer, got {value!r}"
             ) from None
     if name == "lookup":
-        return LookupDrafter(**ints), policy
+        return LookupDrafter(**ints), hybrid
     if corpus is not None:
-        return SuffixDrafter.from_file(corpus, tokenize, **ints), policy
-    return SuffixDrafter(**ints), policy
+        return SuffixDrafter.from_file(corpus, tokenize, **ints), hybrid
+    return SuffixDrafter(**ints), hybrid
 
 
 def parse_drafter(
@@ -119,12 +130,12 @@ def parse_drafter(
         model = load_model(model_parts[0])
     if not free_parts:
         return ModelDrafter(model)  # type: ignore[arg-type]
-    free, policy = _free_drafter(free_parts[0], tokenize)
+    free, hybrid = _free_drafter(free_parts[0], tokenize)
     if model is None:
-        if policy is not None:
+        if hybrid:
             raise DrafterConfigError(
-                f"option policy={policy} only applies to a hybrid spec such as "
+                f"option {', '.join(hybrid)} only applies to a hybrid spec such as "
                 f"'{free_parts[0]}+qwen2.5-coder-0.5b'"
             )
         return free
-    return HybridDrafter(free, model, policy=policy or "auto")
+    return HybridDrafter(free, model, **hybrid)

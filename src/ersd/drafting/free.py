@@ -112,7 +112,7 @@ class FreeSession(ABC):
             return Budget(nodes, depth, branches)
         return Budget.within(shape, nodes, depth, branches)
 
-    def grow(
+    def draft_tree(
         self, budget: Budget, key: int, rule: Method, noise: RaceNoise
     ) -> tuple[DraftTree, float]:
         """The tree within ``budget`` and the seconds it took (statistics not yet recorded)."""
@@ -136,7 +136,7 @@ class FreeSession(ABC):
         params: SamplingParams,
         noise: RaceNoise,
     ) -> Proposal:
-        tree, seconds = self.grow(self.budget(shape), key, rule, noise)
+        tree, seconds = self.draft_tree(self.budget(shape), key, rule, noise)
         self.record(tree, seconds)
         self._last = tree
         seconds += self._pending_seconds

@@ -191,7 +191,7 @@ class HybridSession:
         params: SamplingParams,
         noise: RaceNoise,
     ) -> Proposal:
-        free_tree, seconds = self.free.grow(self.free.budget(shape), key, rule, noise)
+        free_tree, seconds = self.free.draft_tree(self.free.budget(shape), key, rule, noise)
         self._bucket = self.drafter.costs.bucket(
             self.free.match_length(self.free.root_state()) if free_tree.num_nodes else 0
         )

@@ -38,6 +38,7 @@ import pytest
 import torch
 
 import ersd
+import ersd.race
 from ersd.errors import UnsupportedTreeError
 from ersd.methods._common import lane_uniform
 from ersd.methods.base import Method, NodeDecision, NodeNoise
@@ -407,15 +408,25 @@ class ERSDStaleBonus(ERSD):
 
 @contextmanager
 def _races_keyed_by_last_token(seed: int) -> Iterator[None]:
-    """Key every race after the prompt by (seed, last token) only, as text watermarks do."""
-    gen_module = sys.modules[ersd.generate.__module__]  # the loop module, whatever its name
-    original = gen_module.extend_key
+    """Key every race after the prompt by (seed, last token) only, as text watermarks do.
+
+    Patches ``extend_key`` in every loaded ersd module that uses it (the loop, the draft tree,
+    the race module itself), so the mutant keeps working whichever module extends the keys.
+    """
+    original = ersd.race.extend_key
     salt = root_key(seed, [])
-    gen_module.extend_key = lambda key, token: _mix64(salt ^ _mix64(int(token) + 1))
+    users = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("ersd") and getattr(m, "extend_key", None) is original
+    ]
+    for m in users:
+        m.extend_key = lambda key, token: _mix64(salt ^ _mix64(int(token) + 1))  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        gen_module.extend_key = original
+        for m in users:
+            m.extend_key = original  # type: ignore[attr-defined]
 
 
 def _keyed_by_last_token(one: Callable[[int], list[int]], seed: int) -> list[int]:

@@ -30,6 +30,7 @@ from ersd.errors import (
 )
 
 if TYPE_CHECKING:
+    from ersd.batch import BatchEngine, derive_seed, generate_batch, generate_batch_stream
     from ersd.drafting import Drafter, DraftSession, ModelDrafter
     from ersd.generation import generate, generate_stream
     from ersd.methods import METHODS, get_method
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
+    "BatchEngine": "ersd.batch",
+    "derive_seed": "ersd.batch",
+    "generate_batch": "ersd.batch",
+    "generate_batch_stream": "ersd.batch",
     "GenerationResult": "ersd.results",
     "StepRecord": "ersd.results",
     "Drafter": "ersd.drafting",
@@ -94,6 +99,7 @@ def load_model(
 
 __all__ = [
     "METHODS",
+    "BatchEngine",
     "DraftSession",
     "Drafter",
     "ErsdError",
@@ -111,7 +117,10 @@ __all__ = [
     "UnknownMethodError",
     "UnsupportedTreeError",
     "VocabularyMismatchError",
+    "derive_seed",
     "generate",
+    "generate_batch",
+    "generate_batch_stream",
     "generate_stream",
     "get_method",
     "load_model",

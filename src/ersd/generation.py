@@ -74,34 +74,41 @@ class SequenceState:
 # --- the four phases -------------------------------------------------------------------------
 
 
+def step_shape(settings: Settings, seq: SequenceState) -> TreeShape | None:
+    """This step's tree shape: the generation's shape cut to the tokens the sequence may still
+    emit, so that a fully accepted tree plus its bonus token fits (ERSD then stops at exactly the
+    token target-only sampling stops at); ``None`` when nothing is drafted."""
+    if settings.shape is None or seq.drafter is None:
+        return None
+    return settings.shape.truncated(seq.allowed - 1)
+
+
 def propose(settings: Settings, seq: SequenceState) -> tuple[Proposal, int]:
-    """Draft this step's tree; returns (proposal, depth of the shape used).
-
-    The shape is cut so that a fully accepted tree plus its bonus token stays within the tokens
-    the sequence may still emit: ERSD then stops at exactly the token target-only sampling stops
-    at.
-    """
-    shape = settings.shape
-    cut = shape.truncated(seq.allowed - 1) if shape is not None and seq.drafter else None
-    if cut is None or seq.drafter is None:
+    """Draft this step's tree; returns (proposal, depth of the shape used)."""
+    shape = step_shape(settings, seq)
+    if shape is None or seq.drafter is None:
         return Proposal(DraftTree.empty(seq.key)), 0
-    proposal = seq.drafter.propose(cut, seq.key, settings.rule, settings.params, settings.noise)
-    return proposal, cut.depth
+    proposal = seq.drafter.propose(shape, seq.key, settings.rule, settings.params, settings.noise)
+    return proposal, shape.depth
 
 
-def score(settings: Settings, seq: SequenceState, tree: DraftTree) -> tuple[torch.Tensor, float]:
-    """One target forward over the root and every node of ``tree``: (logits, seconds).
-
-    With ``min_forward_tokens > 1`` the forward is padded with throw-away children of the root
-    (repeats of the last committed token); their rows are dropped.
-    """
+def target_call(
+    settings: Settings, seq: SequenceState, tree: DraftTree
+) -> tuple[list[int], list[int]]:
+    """The target ``score`` call for ``tree``: its nodes, padded with throw-away children of the
+    root (repeats of the last committed token) up to ``min_forward_tokens`` fed tokens."""
     tokens, parents = list(tree.tokens), list(tree.parents)
     pad = settings.min_forward_tokens - 1 - len(tokens)
     if pad > 0:
         tokens += [seq.target.committed[-1]] * pad
         parents += [-1] * pad
+    return tokens, parents
+
+
+def score(settings: Settings, seq: SequenceState, tree: DraftTree) -> tuple[torch.Tensor, float]:
+    """One target forward over the root and every node of ``tree``: (logits, seconds)."""
     t0 = time.perf_counter()
-    logits = seq.target.score(tokens, parents)
+    logits = seq.target.score(*target_call(settings, seq, tree))
     return logits[: 1 + tree.num_nodes], time.perf_counter() - t0
 
 
@@ -156,11 +163,17 @@ def commit(
     return tokens, accepted
 
 
-def step(settings: Settings, seq: SequenceState) -> StepRecord:
-    """One target call for one sequence: propose, score, verify, commit."""
-    t_step = time.perf_counter()
-    proposal, depth = propose(settings, seq)
-    logits, target_time = score(settings, seq, proposal.tree)
+def settle(
+    settings: Settings,
+    seq: SequenceState,
+    proposal: Proposal,
+    depth: int,
+    logits: torch.Tensor,
+    *,
+    target_time: float,
+    started: float,
+) -> StepRecord:
+    """Verify and commit a scored step; its record (``started``: the step's perf_counter)."""
     verdict = verify(settings, proposal.tree, logits)
     tokens, accepted = commit(settings, seq, verdict)
     seq.steps += 1
@@ -174,9 +187,17 @@ def step(settings: Settings, seq: SequenceState) -> StepRecord:
         ranks=verdict.ranks,
         draft_time=proposal.seconds,
         target_time=target_time,
-        total_time=time.perf_counter() - t_step,
+        total_time=time.perf_counter() - started,
         finish_reason=seq.finish_reason,
     )
+
+
+def step(settings: Settings, seq: SequenceState) -> StepRecord:
+    """One target call for one sequence: propose, score, verify, commit."""
+    started = time.perf_counter()
+    proposal, depth = propose(settings, seq)
+    logits, target_time = score(settings, seq, proposal.tree)
+    return settle(settings, seq, proposal, depth, logits, target_time=target_time, started=started)
 
 
 # --- set-up ----------------------------------------------------------------------------------
@@ -203,6 +224,7 @@ def make_settings(
     params: SamplingParams,
     eos_token_id: int | Sequence[int] | None,
     min_forward_tokens: int = 1,
+    noise: RaceNoise | None = None,
 ) -> Settings:
     """Validate the shared settings of a generation and resolve method, rule and tree once."""
     meth = get_method(method)
@@ -214,7 +236,7 @@ def make_settings(
         rule=rule_for(meth, params),
         shape=shape,
         params=params,
-        noise=RaceNoise(target.vocab_size),
+        noise=noise if noise is not None else RaceNoise(target.vocab_size),
         eos=_eos_set(eos_token_id),
         min_forward_tokens=min_forward_tokens,
     )

@@ -9,7 +9,7 @@ logits at temperature 0).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 
@@ -46,23 +46,24 @@ class ModelDraftSession:
         # context of the last proposed tree -> its pending index in the draft session
         self._fed: dict[int, int] = {}
 
-    def _score(self, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, float]:
-        t0 = time.perf_counter()
-        rows = self.session.score(tokens, parents)
-        return rows, time.perf_counter() - t0
-
-    def propose(
+    def grow(
         self,
         shape: TreeShape,
         key: int,
         rule: Method,
         params: SamplingParams,
         noise: RaceNoise,
-    ) -> Proposal:
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
+        """Draft a tree of ``shape`` level by level, as a generator of draft-model calls.
+
+        Yields the ``(tokens, parents)`` of each ``score`` call the draft session must make
+        (first the root, then one call per level that has children to draft) and receives that
+        call's logits; returns the tree.  :meth:`propose` drives it with this session's model; a
+        batched engine drives the generators of many sequences with one forward per level.
+        """
         tree = DraftTree.empty(key)
         fed = {DraftTree.ROOT: -1}
-        rows, seconds = self._score([], [])
-        forwards = 1
+        rows = yield [], []
         # (shape node, tree context, draft logits there) of the contexts to expand at this level
         frontier: list[tuple[int, int, torch.Tensor]] = [(-1, DraftTree.ROOT, rows[0])]
         while frontier:
@@ -80,17 +81,36 @@ class ModelDraftSession:
             if not grown:
                 break
             base = len(fed) - 1
-            rows, dt = self._score(
+            rows = yield (
                 [tree.token_ending(c) for _, c in grown],
                 [fed[tree.parent_context(c)] for _, c in grown],
             )
-            seconds += dt
-            forwards += 1
             for r, (_, c) in enumerate(grown):
                 fed[c] = base + r
             frontier = [(s, c, rows[1 + r]) for r, (s, c) in enumerate(grown)]
         self._fed = fed
-        return Proposal(tree=tree, forwards=forwards, seconds=seconds)
+        return tree
+
+    def propose(
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> Proposal:
+        levels = self.grow(shape, key, rule, params, noise)
+        call = next(levels)
+        forwards, seconds = 0, 0.0
+        while True:
+            t0 = time.perf_counter()
+            rows = self.session.score(*call)
+            seconds += time.perf_counter() - t0
+            forwards += 1
+            try:
+                call = levels.send(rows)
+            except StopIteration as done:
+                return Proposal(tree=done.value, forwards=forwards, seconds=seconds)
 
     def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None:
         path: list[int] = []

@@ -56,6 +56,22 @@ class FunctionModel:
     def start(self, prompt: Sequence[int]) -> FunctionSession:
         return FunctionSession(self, prompt)
 
+    def score_batch(
+        self,
+        sessions: Sequence[FunctionSession],
+        calls: Sequence[tuple[Sequence[int], Sequence[int]]],
+    ) -> list[torch.Tensor]:
+        """Score several sessions' calls with ONE call of ``fn`` (one forward pass)."""
+        plans = [s._plan(*c) for s, c in zip(sessions, calls, strict=True)]
+        flat = [seq for plan in plans for seq in plan]
+        rows = self.logits(flat) if flat else None
+        out: list[torch.Tensor] = []
+        at = 0
+        for s, plan in zip(sessions, plans, strict=True):
+            out.append(s._finish(rows[at : at + len(plan)] if plan and rows is not None else None))
+            at += len(plan)
+        return out
+
 
 class FunctionSession:
     """Session of a :class:`FunctionModel`; recomputes every row from full sequences."""
@@ -79,18 +95,26 @@ class FunctionSession:
         return self._committed + toks[::-1]
 
     def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        seqs = self._plan(tokens, parents)
+        return self._finish(self.model.logits(seqs) if seqs else None)
+
+    def _plan(self, tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+        """Add the nodes to the pending tree; the sequences whose logits the call needs."""
         check_tree_args(tokens, parents, len(self._pending_tokens))
         first = len(self._pending_tokens)
         self._pending_tokens.extend(int(t) for t in tokens)
         self._pending_parents.extend(int(p) for p in parents)
         seqs = [self._sequence(first + i) for i in range(len(tokens))]
+        return [list(self._committed), *seqs] if self._root is None else seqs
+
+    def _finish(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """The call's logits from the rows computed for :meth:`_plan`'s sequences."""
         if self._root is None:
-            rows = self.model.logits([list(self._committed), *seqs])
+            assert rows is not None
             self._root = rows[0]
             return rows
-        if not seqs:
+        if rows is None:
             return self._root.unsqueeze(0)
-        rows = self.model.logits(seqs)
         return torch.cat([self._root.unsqueeze(0), rows], dim=0)
 
     def commit(self, tokens: Sequence[int], path: Sequence[int]) -> None:

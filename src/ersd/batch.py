@@ -1,0 +1,372 @@
+"""Many sequences at once: a continuous-batching engine and :func:`generate_batch`.
+
+Every sequence runs the same four phases as :func:`ersd.generate` (:mod:`ersd.generation`), with
+its own settings, seed and race keys; only the model forwards are shared: the drafts of all rows
+are grown level by level with **one** draft forward per level, and the trees of all rows are
+scored with **one** target forward per step (:func:`ersd.models.batch.score_many`).  Nothing a
+row computes depends on the other rows, so each prompt's tokens are exactly what
+:func:`ersd.generate` gives for it alone with the same seed and settings (batch invariance),
+whatever the batch, the order, or when other rows join and leave.
+
+Seeds: ``seeds=None`` or an ``int`` ``s`` gives prompt ``i`` the seed :func:`derive_seed` ``(s, i)``
+(so equal prompts in one batch get independent samples); a list gives one seed per prompt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ersd.drafting import Drafter, ModelDrafter, ModelDraftSession, Proposal
+from ersd.errors import ErsdError, GenerationInputError
+from ersd.generation import (
+    SequenceState,
+    Settings,
+    TreeSpec,
+    _validate,
+    as_drafter,
+    make_settings,
+    sampling_params,
+    settle,
+    start_sequence,
+    step_shape,
+    target_call,
+)
+from ersd.methods import DraftTree, Method, get_method
+from ersd.models.base import LanguageModel
+from ersd.models.batch import score_many
+from ersd.probs import SamplingParams
+from ersd.race import RaceNoise, _mix64
+from ersd.results import GenerationResult, StepRecord
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The seed of prompt (or choice) ``index`` of a batch run with one ``seed``.
+
+    ``splitmix64(seed XOR splitmix64(index + 1))``: a fixed, documented function, so a batch
+    result can be reproduced one prompt at a time with
+    ``ersd.generate(..., seed=derive_seed(s, i))``.
+    """
+    return _mix64((int(seed) & _MASK64) ^ _mix64(int(index) + 1))
+
+
+def batch_seeds(seeds: int | Sequence[int] | None, n: int) -> list[int]:
+    """Per-prompt seeds for ``n`` prompts (see the module docstring)."""
+    if seeds is None:
+        seeds = 0
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        return [derive_seed(seeds, i) for i in range(n)]
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):
+        raise GenerationInputError(
+            f"seeds must be an int (one seed for the batch) or a list of {n} ints, got "
+            f"{type(seeds).__name__}"
+        )
+    if len(seeds) != n:
+        raise GenerationInputError(
+            f"seeds has {len(seeds)} entries but there are {n} prompts; give one seed per prompt "
+            "or a single int for the whole batch"
+        )
+    return [int(s) for s in seeds]
+
+
+@dataclass
+class Row:
+    """One request in the engine: its settings, its sequence state and its records so far."""
+
+    id: int
+    settings: Settings
+    seq: SequenceState
+    records: list[StepRecord] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    def result(self, label: str | None = None) -> GenerationResult:
+        shape = self.settings.shape
+        return GenerationResult.from_steps(
+            self.records,
+            method=label or self.settings.method.name,
+            tree=shape if shape is not None and self.seq.drafter is not None else None,
+            wall_time=time.perf_counter() - self.started,
+        )
+
+
+@dataclass
+class StepTimes:
+    """Where one engine step's time went (seconds), for the time split of a batched run."""
+
+    rows: int = 0
+    draft: float = 0.0
+    target: float = 0.0
+    total: float = 0.0
+
+    @property
+    def other(self) -> float:
+        return max(self.total - self.draft - self.target, 0.0)
+
+
+class BatchEngine:
+    """Continuous batching: requests join with :meth:`add`, every :meth:`step` advances each
+    active request by one target call (one shared forward), finished requests leave.
+
+    ``draft`` is a draft model, a :class:`~ersd.drafting.Drafter` or ``None``; each request picks
+    its own method, tree (``None``: no drafting for it), sampling settings, seed and limits.
+    """
+
+    def __init__(self, target: LanguageModel, draft: Drafter | LanguageModel | None = None) -> None:
+        if not isinstance(target, LanguageModel):
+            raise GenerationInputError(
+                "target must be a model with .vocab_size and .start(prompt), got "
+                f"{type(target).__name__}"
+            )
+        self.target = target
+        self.drafter = as_drafter(draft)
+        self.noise = RaceNoise(target.vocab_size, cache_size=512)
+        self._rows: dict[int, Row] = {}
+        self._ids = itertools.count()
+        self.last_step = StepTimes()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def active(self) -> list[int]:
+        return list(self._rows)
+
+    def add(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        seed: int = 0,
+        method: str | Method = "ersd",
+        tree: TreeSpec | None = "chain:4",
+        sampling: SamplingParams | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> int:
+        """Queue a request; it joins at the next :meth:`step`.  Returns its id."""
+        drafter = self.drafter if tree is not None else None
+        _validate(self.target, drafter, prompt, max_new_tokens, eos_token_id)
+        settings = make_settings(
+            self.target,
+            drafter,
+            method=method,
+            tree=tree if tree is not None else "chain:1",
+            params=sampling_params(sampling, temperature, top_k, top_p, min_p),
+            eos_token_id=eos_token_id,
+            noise=self.noise,
+        )
+        seq = start_sequence(self.target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
+        rid = next(self._ids)
+        self._rows[rid] = Row(rid, settings, seq)
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Drop a request now (its sessions and caches are freed)."""
+        self._rows.pop(rid, None)
+
+    def result(self, rid: int) -> GenerationResult:
+        return self._rows[rid].result()
+
+    def step(self) -> list[tuple[int, StepRecord, GenerationResult | None]]:
+        """Advance every active request by one target call.
+
+        Returns ``(id, record, result)`` per request; ``result`` is the finished request's
+        :class:`GenerationResult` (it has left the engine), else ``None``.
+        """
+        rows = list(self._rows.values())
+        if not rows:
+            return []
+        started = time.perf_counter()
+        proposals, depths, draft_time = self._propose(rows)
+        t0 = time.perf_counter()
+        calls = [
+            target_call(r.settings, r.seq, p.tree) for r, p in zip(rows, proposals, strict=True)
+        ]
+        logits = score_many(self.target, [r.seq.target for r in rows], calls)
+        target_time = time.perf_counter() - t0
+        out: list[tuple[int, StepRecord, GenerationResult | None]] = []
+        for row, prop, depth, lg in zip(rows, proposals, depths, logits, strict=True):
+            rec = settle(
+                row.settings,
+                row.seq,
+                prop,
+                depth,
+                lg[: 1 + prop.tree.num_nodes],
+                target_time=target_time,
+                started=started,
+            )
+            row.records.append(rec)
+            done = None
+            if row.seq.finish_reason is not None:
+                done = row.result()
+                del self._rows[row.id]
+            out.append((row.id, rec, done))
+        self.last_step = StepTimes(
+            rows=len(rows),
+            draft=draft_time,
+            target=target_time,
+            total=time.perf_counter() - started,
+        )
+        return out
+
+    def _propose(self, rows: list[Row]) -> tuple[list[Proposal], list[int], float]:
+        """Every row's draft tree; model drafts grow level by level, one forward per level."""
+        t0 = time.perf_counter()
+        proposals: list[Proposal | None] = [None] * len(rows)
+        depths = [0] * len(rows)
+        growing: dict[int, Generator[Any, torch.Tensor, DraftTree]] = {}
+        for i, row in enumerate(rows):
+            shape = step_shape(row.settings, row.seq)
+            drafter = row.seq.drafter
+            if shape is None or drafter is None:
+                proposals[i] = Proposal(DraftTree.empty(row.seq.key))
+                continue
+            depths[i] = shape.depth
+            s = row.settings
+            if isinstance(drafter, ModelDraftSession) and isinstance(self.drafter, ModelDrafter):
+                growing[i] = drafter.grow(shape, row.seq.key, s.rule, s.params, s.noise)
+            else:
+                proposals[i] = drafter.propose(shape, row.seq.key, s.rule, s.params, s.noise)
+        if growing:
+            model = self.drafter.model  # type: ignore[union-attr]
+            pending = {i: next(g) for i, g in growing.items()}
+            forwards = dict.fromkeys(growing, 0)
+            while pending:
+                idx = list(pending)
+                sessions = [rows[i].seq.drafter.session for i in idx]  # type: ignore[union-attr]
+                outs = score_many(model, sessions, [pending[i] for i in idx])
+                for i, rows_i in zip(idx, outs, strict=True):
+                    forwards[i] += 1
+                    try:
+                        pending[i] = growing[i].send(rows_i)
+                    except StopIteration as done:
+                        proposals[i] = Proposal(done.value, forwards=forwards[i])
+                        del pending[i]
+        draft_time = time.perf_counter() - t0
+        for p in proposals:
+            assert p is not None
+            if p.forwards:
+                p.seconds = draft_time  # the shared forwards' time, as each row saw it
+        return proposals, depths, draft_time  # type: ignore[return-value]
+
+
+def generate_batch_stream(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    seeds: int | Sequence[int] | None = None,
+    method: str | Method = "ersd",
+    tree: TreeSpec = "chain:4",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    sampling: SamplingParams | None = None,
+    max_batch_size: int | None = None,
+) -> Iterator[tuple[int, StepRecord]]:
+    """Like :func:`generate_batch`, yielding ``(prompt index, record)`` per row per step."""
+    args = dict(locals())
+    for index, rec, _ in _run_batch(**args):
+        yield index, rec
+
+
+def generate_batch(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    seeds: int | Sequence[int] | None = None,
+    method: str | Method = "ersd",
+    tree: TreeSpec = "chain:4",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    sampling: SamplingParams | None = None,
+    max_batch_size: int | None = None,
+) -> list[GenerationResult]:
+    """Generate for many prompts at once; one :class:`GenerationResult` per prompt, in order.
+
+    Each prompt's tokens equal ``ersd.generate(target, draft, prompt, seed=seed_i, ...)`` with the
+    same settings (see the module docstring for ``seeds``).  ``max_batch_size`` caps the rows run
+    together; further prompts join as rows finish (continuous batching).  Every input is checked
+    before anything runs.
+    """
+    args = dict(locals())
+    results: dict[int, GenerationResult] = {}
+    for index, _, res in _run_batch(**args):
+        if res is not None:
+            results[index] = res
+    return [results[i] for i in range(len(results))]
+
+
+def _run_batch(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    seeds: int | Sequence[int] | None,
+    method: str | Method,
+    tree: TreeSpec,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    eos_token_id: int | Sequence[int] | None,
+    sampling: SamplingParams | None,
+    max_batch_size: int | None,
+) -> Iterator[tuple[int, StepRecord, GenerationResult | None]]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise GenerationInputError(
+            "prompts must be a non-empty list of token-id lists (one per prompt)"
+        )
+    if max_batch_size is not None and (
+        isinstance(max_batch_size, bool)
+        or not isinstance(max_batch_size, int)
+        or max_batch_size < 1
+    ):
+        raise GenerationInputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+    per_seed = batch_seeds(seeds, len(prompts))
+    drafter = as_drafter(draft)
+    params = sampling_params(sampling, temperature, top_k, top_p, min_p)
+    for i, prompt in enumerate(prompts):  # everything is checked before anything runs
+        try:
+            _validate(target, drafter, prompt, max_new_tokens, eos_token_id)
+        except ErsdError as exc:
+            raise type(exc)(f"prompt {i}: {exc}") from None
+    get_method(method)
+    engine = BatchEngine(target, drafter)
+    cap = max_batch_size or len(prompts)
+    waiting = list(range(len(prompts)))
+    index_of: dict[int, int] = {}
+    while waiting or len(engine):
+        while waiting and len(engine) < cap:
+            i = waiting.pop(0)
+            rid = engine.add(
+                prompts[i],
+                max_new_tokens=max_new_tokens,
+                seed=per_seed[i],
+                method=method,
+                tree=tree if drafter is not None else None,
+                sampling=params,
+                eos_token_id=eos_token_id,
+            )
+            index_of[rid] = i
+        for rid, rec, res in engine.step():
+            yield index_of[rid], rec, res

@@ -1,0 +1,158 @@
+"""Batched generation: batch invariance for every method, continuous batching, shared forwards."""
+
+from __future__ import annotations
+
+import pytest
+
+import ersd
+from ersd import GenerationInputError, VocabularyMismatchError
+from ersd.batch import BatchEngine, batch_seeds, derive_seed
+from tests.toy import mixed_draft, table_model
+
+V = 30
+PROMPTS = [[1, 2], [3], [4, 5, 6, 7], [1, 2], [9, 8, 7]]
+
+
+@pytest.fixture
+def pair() -> tuple[ersd.FunctionModel, ersd.FunctionModel]:
+    target = table_model(V, seed=0)
+    return target, mixed_draft(target, table_model(V, seed=1), 0.3)
+
+
+@pytest.mark.parametrize("method", sorted(ersd.METHODS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_row_equals_its_solo_run(pair, method: str, temperature: float) -> None:
+    target, draft = pair
+    tree = "chain:3" if method in ("sd",) else "multi:2x2"
+    eos = 5  # rows finish at different steps
+    batch = ersd.generate_batch(
+        target,
+        draft,
+        PROMPTS,
+        seeds=11,
+        max_new_tokens=14,
+        method=method,
+        tree=tree,
+        temperature=temperature,
+        eos_token_id=eos,
+    )
+    for i, (prompt, res) in enumerate(zip(PROMPTS, batch, strict=True)):
+        solo = ersd.generate(
+            target,
+            draft,
+            prompt,
+            seed=derive_seed(11, i),
+            max_new_tokens=14,
+            method=method,
+            tree=tree,
+            temperature=temperature,
+            eos_token_id=eos,
+        )
+        assert res.tokens == solo.tokens, f"prompt {i}"
+        assert res.target_calls == solo.target_calls
+        assert res.finish_reason == solo.finish_reason
+
+
+def test_one_target_forward_per_step(pair) -> None:
+    target, draft = pair
+    before_t, before_d = target.forward_calls, draft.forward_calls
+    engine = BatchEngine(target, draft)
+    for i, p in enumerate(PROMPTS[:3]):
+        engine.add(p, max_new_tokens=6, seed=i, tree="chain:3")
+    engine.step()
+    assert target.forward_calls - before_t == 1  # all rows' trees in one forward
+    assert draft.forward_calls - before_d == 3  # one draft forward per tree level
+
+
+def test_order_and_composition_do_not_matter(pair) -> None:
+    target, draft = pair
+    seeds = [5, 6, 7, 8, 9]
+    a = ersd.generate_batch(target, draft, PROMPTS, seeds=seeds, max_new_tokens=10)
+    order = [3, 0, 4, 1, 2]
+    b = ersd.generate_batch(
+        target,
+        draft,
+        [PROMPTS[i] for i in order],
+        seeds=[seeds[i] for i in order],
+        max_new_tokens=10,
+    )
+    for j, i in enumerate(order):
+        assert b[j].tokens == a[i].tokens
+    c = ersd.generate_batch(
+        target, draft, PROMPTS, seeds=seeds, max_new_tokens=10, max_batch_size=2
+    )  # rows join as others finish
+    assert [r.tokens for r in c] == [r.tokens for r in a]
+
+
+def test_rows_joining_mid_way_leave_others_unchanged(pair) -> None:
+    target, draft = pair
+    engine = BatchEngine(target, draft)
+    first = engine.add(PROMPTS[0], max_new_tokens=12, seed=1)
+    done: dict[int, ersd.GenerationResult] = {}
+    late = None
+    for n in range(40):
+        if n == 2:
+            late = engine.add(
+                PROMPTS[2],
+                max_new_tokens=12,
+                seed=2,
+                method="spectr",
+                tree="multi:2x2",
+                temperature=0.7,
+            )
+        for rid, _, res in engine.step():
+            if res is not None:
+                done[rid] = res
+        if not len(engine):
+            break
+    assert set(done) == {first, late}
+    assert (
+        done[first].tokens
+        == ersd.generate(target, draft, PROMPTS[0], seed=1, max_new_tokens=12).tokens
+    )
+    assert (
+        done[late].tokens
+        == ersd.generate(
+            target,
+            draft,
+            PROMPTS[2],
+            seed=2,
+            max_new_tokens=12,
+            method="spectr",
+            tree="multi:2x2",
+            temperature=0.7,
+        ).tokens
+    )
+
+
+def test_target_only_rows_and_ersd_agree(pair) -> None:
+    target, draft = pair
+    spec = ersd.generate_batch(target, draft, PROMPTS, seeds=3, max_new_tokens=12)
+    alone = ersd.generate_batch(target, None, PROMPTS, seeds=3, max_new_tokens=12)
+    assert [r.tokens for r in spec] == [r.tokens for r in alone]  # drafter invariance
+
+
+def test_seeds() -> None:
+    assert batch_seeds([4, 5], 2) == [4, 5]
+    derived = batch_seeds(7, 3)
+    assert derived == [derive_seed(7, i) for i in range(3)] and len(set(derived)) == 3
+    with pytest.raises(GenerationInputError, match="3 prompts"):
+        batch_seeds([1, 2], 3)
+
+
+def test_bad_batches_fail_before_anything_runs(pair) -> None:
+    target, draft = pair
+    with pytest.raises(GenerationInputError, match="non-empty list"):
+        ersd.generate_batch(target, draft, [], max_new_tokens=3)
+    calls = target.forward_calls
+    with pytest.raises(GenerationInputError, match="prompt 1: .*outside"):
+        ersd.generate_batch(target, draft, [[1], [V + 3]], max_new_tokens=3)
+    with pytest.raises(GenerationInputError, match="seeds has 1"):
+        ersd.generate_batch(target, draft, [[1], [2]], seeds=[1], max_new_tokens=3)
+    small = ersd.FunctionModel(target.fn, V, max_length=4)
+    with pytest.raises(GenerationInputError, match="prompt 1: .*context window"):
+        ersd.generate_batch(small, None, [[1], [1, 2, 3, 4, 5]], max_new_tokens=3)
+    other = table_model(V + 1, seed=2)
+    with pytest.raises(VocabularyMismatchError):
+        ersd.generate_batch(target, other, [[1]], max_new_tokens=3)
+    assert target.forward_calls == calls

@@ -308,3 +308,19 @@ def test_lookup_drafter_accepts_a_copied_run_in_full() -> None:
     lookup = drafter.stats.sources["lookup"]
     assert lookup.accepted == res.num_accepted_tokens - res.steps[-1].num_accepted
     assert lookup.acceptance_rate > 0.9
+
+
+def test_model_free_and_hybrid_drafters_in_a_batch() -> None:
+    """generate_batch drives model-free sessions through propose: same texts as one by one."""
+    target = table_model(V, seed=0)
+    draft = mixed_draft(target, table_model(V, seed=1), 0.2)
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [7, 8, 9]]
+    alone = [
+        ersd.generate(target, None, p, max_new_tokens=12, seed=s).tokens
+        for s, p in enumerate(prompts)
+    ]
+    for drafter in (LookupDrafter(n=2), HybridDrafter(LookupDrafter(n=2), draft, policy="both")):
+        out = ersd.generate_batch(
+            target, drafter, prompts, max_new_tokens=12, seeds=[0, 1, 2], tree="chain:4"
+        )
+        assert [r.tokens for r in out] == alone

@@ -133,7 +133,9 @@ def grow_tree(
                 )
         q = proposal_probs(proposed, vocab)
         tree.draft_probs[ctx] = q
-        if deterministic:
+        if deterministic or len(proposed) == 1:
+            # one candidate: q is one-hot and every rule's drafting returns that token (skipped:
+            # an i.i.d. draw scans the whole vocabulary)
             chosen = [c.token for c in proposed]
         else:
             chosen = rule.draft(q, len(proposed), NodeNoise(noise, tree.keys[ctx]))

@@ -465,7 +465,7 @@ def run_bench(
     if pair.is_hf is False and hf_baselines:
         raise BenchConfigError(
             f"run.baselines lists {hf_baselines[0]!r} but {cfg.models.target!r} is not a "
-            "Hugging Face model; remove it from run.baselines or use HF models"
+            f"Hugging Face model; remove {hf_baselines[0]!r} from run.baselines or use HF models"
         )
     log(f"[bench] {cfg.name}: {pair.description}, loaded in {time.perf_counter() - t_load:.1f}s")
     if calibration is None and needs_profile(cfg):

@@ -87,9 +87,14 @@ def any_children_exact(rule: Method) -> bool:
     return isinstance(rule, ERSD | GumbelListSampling | GreedyRule)
 
 
-def proposal_probs(conts: list[Continuation], vocab_size: int) -> torch.Tensor:
-    """``q`` over the proposal set: the continuations' weights, normalised (float64, dense)."""
-    q = torch.zeros(vocab_size, dtype=torch.float64)
+def proposal_probs(
+    conts: list[Continuation], vocab_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``q`` over the proposal set: the continuations' weights, normalised (float64, dense).
+
+    ``out``: a zeroed float64 vector of ``vocab_size`` entries to fill instead of a new one.
+    """
+    q = torch.zeros(vocab_size, dtype=torch.float64) if out is None else out
     total = sum(c.weight for c in conts)
     for c in conts:
         q[c.token] += c.weight / total
@@ -103,11 +108,13 @@ def grow_tree(
     key: int,
     rule: Method,
     noise: RaceNoise,
+    alloc: Callable[[], torch.Tensor] | None = None,
 ) -> tuple[DraftTree, dict[int, Hashable]]:
     """Grow a draft tree below the root (race key ``key``) within ``budget``.
 
     Returns the tree and the drafter state at each context that has one.  Continuation tokens
-    must lie in ``[0, noise.vocab_size)`` (the target's vocabulary).
+    must lie in ``[0, noise.vocab_size)`` (the target's vocabulary).  ``alloc`` returns a zeroed
+    float64 vector of ``noise.vocab_size`` entries for each ``q`` (default: a new one).
     """
     tree = DraftTree.empty(key)
     states: dict[int, Hashable] = {DraftTree.ROOT: root_state}
@@ -131,7 +138,7 @@ def grow_tree(
                     f"drafter proposed token {c.token}, outside the target's vocabulary "
                     f"[0, {vocab}); the drafter's text (prompt or corpus) uses another tokenizer"
                 )
-        q = proposal_probs(proposed, vocab)
+        q = proposal_probs(proposed, vocab, alloc() if alloc is not None else None)
         tree.draft_probs[ctx] = q
         if deterministic or len(proposed) == 1:
             # one candidate: q is one-hot and every rule's drafting returns that token (skipped:

@@ -19,9 +19,9 @@ from typing import Any
 from ersd.errors import ErsdError
 
 #: baseline names understood by the runner
-BASELINES = ("target-only", "target-only-2tok", "hf-assisted")
+BASELINES = ("target-only", "target-only-2tok", "hf-assisted", "hf-prompt-lookup")
 #: prompt sets shipped in ``ersd/data`` (see its PROVENANCE.md)
-PROMPT_SETS = ("humaneval", "mtbench", "math")
+PROMPT_SETS = ("humaneval", "mtbench", "math", "grounded")
 
 
 class BenchConfigError(ErsdError):
@@ -47,6 +47,7 @@ class PromptsConfig:
     calib_count: int = 4  # calibration prompts per set (its calib split)
     template: str = "auto"  # auto (code raw, others chat), raw, chat
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens
+    file: str = ""  # a user's prompt file, run after the sets (ersd.bench.drafters)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class RunConfig:
     warmup_tokens: int = 4
     stop_at_eos: bool = False  # False: every run makes exactly max_new_tokens tokens
     profile: str = ""  # calibration file; "" = calibrate in the run when a profile is needed
+    drafters: list[str] = field(default_factory=list)  # drafter specs: lookup, lookup+draft, ...
 
 
 @dataclass
@@ -221,7 +223,7 @@ def _validate(cfg: BenchConfig) -> None:
             raise BenchConfigError(
                 f"prompts.sets holds unknown set {s!r}; known sets: {', '.join(PROMPT_SETS)}"
             )
-    if not p.sets:
+    if not p.sets and not p.file:
         raise BenchConfigError(f"prompts.sets is empty; list at least one of {PROMPT_SETS}")
     if p.count < 1 or p.calib_count < 0:
         raise BenchConfigError("prompts.count must be >= 1 and prompts.calib_count >= 0")
@@ -260,6 +262,10 @@ def _validate(cfg: BenchConfig) -> None:
             raise BenchConfigError(
                 f"unknown baseline {b!r} in run.baselines; known: {', '.join(BASELINES)}"
             )
+    from ersd.bench.drafters import check_drafter_spec
+
+    for spec in r.drafters:
+        check_drafter_spec(spec)
     if r.warmup_tokens < 0:
         raise BenchConfigError("run.warmup_tokens must be >= 0")
     if c.cost_repeats < 1 or not c.cost_sizes or any(s < 1 for s in c.cost_sizes):

@@ -17,7 +17,7 @@ from ersd.errors import ErsdError
 if TYPE_CHECKING:
     from ersd.models.base import Tokenizer
 
-_FILES = {"humaneval": "humaneval", "mtbench": "mtbench", "math": "math"}
+_FILES = {"humaneval": "humaneval", "mtbench": "mtbench", "math": "math", "grounded": "grounded"}
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class Prompt:
     text: str
 
 
-def load_prompts(sets: list[str], split: str, count: int) -> list[Prompt]:
-    """The first ``count`` prompts of each set's ``split`` ("eval" or "calib")."""
+def load_prompts(sets: list[str], split: str, count: int, file: str = "") -> list[Prompt]:
+    """The first ``count`` prompts of each set's ``split`` ("eval" or "calib"), then those of a
+    user's prompt ``file`` (all of them; used for calibration only when no set is given)."""
     if split not in ("eval", "calib"):
         raise BenchConfigError(f"prompt split must be 'eval' or 'calib', got {split!r}")
     out: list[Prompt] = []
@@ -41,6 +42,11 @@ def load_prompts(sets: list[str], split: str, count: int) -> list[Prompt]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for row in rows[:count]:
             out.append(Prompt(row["id"], name, row["domain"], row["split"], row["prompt"]))
+    if file and (split == "eval" or not sets):
+        from ersd.bench.drafters import load_prompt_file
+
+        for row in load_prompt_file(file)[: None if split == "eval" else count]:
+            out.append(Prompt(row["id"], "file", row["domain"], split, row["prompt"]))
     return out
 
 

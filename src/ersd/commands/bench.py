@@ -115,6 +115,13 @@ def configs() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--prompts-file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Your own prompts (JSONL with a 'prompt' field, or text with blank-line-separated "
+    "prompts), run after the config's sets (prompts.file).",
+)
 def run(
     config: str,
     quick: bool,
@@ -129,6 +136,7 @@ def run(
     profile: str | None,
     dry_run: bool,
     no_progress: bool,
+    prompts_file: str | None,
 ) -> None:
     """Run the benchmark CONFIG (bundled name or .toml path); one JSON line per run."""
     from ersd.errors import ErsdError
@@ -139,6 +147,8 @@ def run(
         )
         if profile:
             cfg.run.profile = profile
+        if prompts_file:
+            cfg.prompts.file = prompts_file
         path = Path(out) if out else Path("bench-results") / f"{cfg.name}.jsonl"
         if dry_run:
             from ersd.bench.calibration import Calibration

@@ -47,6 +47,14 @@ class _Streamer:
         self.printed = text
 
 
+def _draft_dtype(dmodel: Any, default: str) -> str:
+    """The draft's dtype as loaded (a model-free drafter has none: 'model-free')."""
+    describe = getattr(dmodel, "describe", None)
+    if describe is None:
+        return "model-free" if not hasattr(dmodel, "model") else default
+    return str(describe().get("dtype", default))
+
+
 def _stats_block(res: Any, elapsed: float) -> str:
     per_pos = ", ".join(f"{a:.2f}" for a in res.accepted_per_pos) or "-"
     wall = res.wall_time or elapsed
@@ -79,8 +87,9 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "--draft",
     default="qwen2.5-coder-0.5b",
     show_default=True,
-    help="Draft model (same vocabulary as the target; toy-draft for --target toy), or 'none' "
-    "for target-only.",
+    help="Draft model (same vocabulary as the target), 'none' for target-only, or a drafter: "
+    "'lookup' (prompt lookup), 'suffix', 'lookup:n=3,k=8,branches=2', 'lookup+<draft model>' "
+    "(hybrid); see docs/drafters.md.",
 )
 @click.option(
     "--draft-layers",
@@ -162,6 +171,7 @@ def generate(
 ) -> None:
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair)."""
     import ersd
+    from ersd.drafting import parse_drafter
     from ersd.errors import ErsdError
 
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
@@ -175,17 +185,23 @@ def generate(
         dmodel = None
         if draft.lower() != "none":
             overrides: dict[str, Any] = {"num_hidden_layers": draft_layers} if draft_layers else {}
-            dmodel = ersd.load_model(
-                draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
-            )
-            tmodel.check_compatible(dmodel)
+
+            def load_draft(name: str) -> Any:
+                m = ersd.load_model(
+                    name, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
+                )
+                tmodel.check_compatible(m)
+                return m
+
+            # a model name, 'lookup', 'suffix:...' or 'lookup+<model>' (ersd.drafting.spec)
+            dmodel = parse_drafter(draft, load_model=load_draft, tokenize=tmodel.tokenizer.encode)
         about = tmodel.describe()
         onednn = " oneDNN" if about.get("linear") == "onednn" else ""
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"
             + f" ({about.get('dtype', dtype)}{onednn})"
             + (
-                f", draft {draft} ({dmodel.describe().get('dtype', draft_dtype or dtype)})"
+                f", draft {draft} ({_draft_dtype(dmodel, draft_dtype or dtype)})"
                 if dmodel
                 else ", no draft"
             )

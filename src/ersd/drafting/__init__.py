@@ -1,11 +1,37 @@
 """Drafters: who proposes each step's draft tree (:mod:`ersd.drafting.base`).
 
 * :class:`ModelDrafter` — a draft language model, one forward per tree depth.
+* :class:`LookupDrafter` — prompt lookup: what followed the last n tokens earlier in the text.
+* :class:`SuffixDrafter` — a suffix trie over the text (and an optional corpus).
+* :class:`HybridDrafter` — a model-free drafter and a draft model, mixed per step by cost.
+
+:func:`parse_drafter` builds one from a spec string (``lookup``, ``lookup+qwen2.5-coder-0.5b``).
+docs/drafters.md says which to use when and why each method stays exact.
 """
 
 from __future__ import annotations
 
 from ersd.drafting.base import Drafter, DraftSession, Proposal
+from ersd.drafting.free import DrafterStats, SourceStats
+from ersd.drafting.grow import DrafterConfigError
+from ersd.drafting.hybrid import HybridDrafter
+from ersd.drafting.lookup import LookupDrafter
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
+from ersd.drafting.spec import is_drafter_spec, parse_drafter
+from ersd.drafting.suffix import SuffixDrafter
 
-__all__ = ["DraftSession", "Drafter", "ModelDraftSession", "ModelDrafter", "Proposal"]
+__all__ = [
+    "DraftSession",
+    "Drafter",
+    "DrafterConfigError",
+    "DrafterStats",
+    "HybridDrafter",
+    "LookupDrafter",
+    "ModelDraftSession",
+    "ModelDrafter",
+    "Proposal",
+    "SourceStats",
+    "SuffixDrafter",
+    "is_drafter_spec",
+    "parse_drafter",
+]

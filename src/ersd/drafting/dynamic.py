@@ -345,7 +345,7 @@ def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Draft
         return drafter, tree
     from ersd.methods import get_method
 
-    if get_method(method).name != "ersd":
+    if not isinstance(get_method(method), ERSD):
         raise UnsupportedTreeError(
             f"tree {tree!r}: dynamic trees are grown from the draft's race, which only ERSD "
             "shares with the target; use method='ersd' or a static tree such as 'chain:4'"

@@ -268,9 +268,20 @@ def _validate(cfg: BenchConfig) -> None:
         )
     from ersd.bench.trees import resolve_tree
 
+    from ersd.drafting.dynamic import parse_dynamic
+
     for method, specs in r.trees.items():
         for spec in specs:
-            if not spec.startswith(("optimal:", "cost-aware")):
+            try:
+                dynamic = parse_dynamic(spec) is not None
+            except ErsdError as exc:
+                raise BenchConfigError(f"run.trees.{method}: {exc}") from None
+            if dynamic and method != "ersd":
+                raise BenchConfigError(
+                    f"run.trees.{method}: {spec!r} is a dynamic ERSD tree (grown from the draft's "
+                    "race); list it under ersd"
+                )
+            if not dynamic and not spec.startswith(("optimal:", "cost-aware")):
                 try:
                     resolve_tree(spec)
                 except ErsdError as exc:

@@ -30,6 +30,7 @@ from typing import Any, TextIO
 import torch
 
 import ersd
+from ersd.bench import dynamic as dynamic_trees
 from ersd.bench.baselines import hf_assisted, target_only_two_token
 from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import CostModel, choose_trees, measure_costs, predict
@@ -42,6 +43,7 @@ from ersd.bench.trees import (
     pick_profile,
     resolve_tree,
 )
+from ersd.drafting import MarginRecorder
 from ersd.theory import RankProfile, block_efficiency_bound, rank_entropy
 from ersd.tree import TreeShape
 
@@ -174,11 +176,12 @@ def calibrate(
     stats: dict[str, Any] = {}
     for temp in c.temperatures:
         results = []
+        recorder = MarginRecorder(pair.draft)  # ranks by draft-race margin (dynamic trees)
         for i, ids in enumerate(ids_list):
             bar.set_postfix_str(f"T={temp} {prompts[i].id} ersd {c.tree}")
             res = ersd.generate(
                 pair.target,
-                pair.draft,
+                recorder,
                 ids,
                 max_new_tokens=c.max_new_tokens,
                 method="ersd",
@@ -200,6 +203,7 @@ def calibrate(
             draft=cfg.models.draft,
             dtype=cfg.models.dtype,
         )
+        prof.margin = recorder.table
         profiles[temp] = prof
         tokens = sum(len(r.tokens) for r in results)
         calls = sum(r.target_calls for r in results)
@@ -262,6 +266,7 @@ class Entry:
     choice: str | None = None  # "optimal-per-call" / "cost-aware" / None
     aliases: list[str] = field(default_factory=list)
     prediction: dict[str, Any] | None = None
+    dynamic: dynamic_trees.DynamicSetup | None = None  # a dynamic:K tree's calibrated settings
 
     @property
     def label(self) -> str:
@@ -272,7 +277,7 @@ def needs_profile(cfg: BenchConfig) -> bool:
     r = cfg.run
     trees = [s for specs in r.trees.values() for s in specs]
     return ("ersd" in r.methods and (r.optimal or r.cost_aware)) or any(
-        s.startswith(("optimal:", "cost-aware")) for s in trees
+        s.startswith(("optimal:", "cost-aware")) or dynamic_trees.is_dynamic(s) for s in trees
     )
 
 
@@ -288,6 +293,11 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
     depth_probs = cal.depth_probs(temperature) if cal and cal.profiles else None
 
     def add(method: str, spec: str, k: int | None, choice: str | None = None) -> None:
+        if dynamic_trees.is_dynamic(spec):  # grown per step by ersd.drafting.DynamicDrafter
+            dyn = dynamic_trees.setup(spec, cal, temperature)
+            if dyn is not None:
+                entries.append(Entry(method, spec, None, dyn.spec.budget, dynamic=dyn))
+            return
         if spec == "cost-aware":
             if cal is None or not cal.choices:
                 return
@@ -394,6 +404,18 @@ def run_entry(
             num_assistant_tokens=entry.k,
             eos_token_id=eos,
         )
+    if entry.dynamic is not None:
+        res, extra = dynamic_trees.run_dynamic(
+            entry.dynamic,
+            pair.target,
+            pair.draft,
+            ids,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            eos=eos,
+        )
+        return {**_result_fields(res, entry.method), **extra}
     assert entry.shape is not None
     res = ersd.generate(
         pair.target,

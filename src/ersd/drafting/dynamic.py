@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,6 +239,8 @@ class DynamicDrafter:
         self.learn = predictor is None if learn is None else learn
         self.keep_events = keep_events
         self.events: list[MarginEvent] = []
+        #: seconds spent choosing nodes (predictor and planner, not the races or forwards)
+        self.policy_seconds = 0.0
 
     @property
     def vocab_size(self) -> int:
@@ -310,13 +313,17 @@ class DynamicDraftSession(RaceDraftSession):
                 race = self._race_at(tree, ctx, logits, min(pred.max_rank, d.budget - added),
                                      params, noise)
                 race.reach = reach
+                t0 = time.perf_counter()
                 race.accept = pred.predict(race.depth, race.margin)[: len(race.tokens)]
+                d.policy_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
             by_ctx = self._races
             open_ = [OpenContext(c, r.reach, r.accept, r.children, r.depth)
                      for c, r in by_ctx.items() if r.children < len(r.tokens)]
             cost = (CostState(d.costs, added, expected, draft_pred)
                     if d.cost_aware and d.costs is not None else None)
             plan = plan_round(open_, d.budget - added, cap, pred.depth_prior, cost)
+            d.policy_seconds += time.perf_counter() - t0
             new: list[int] = []
             for (ctx, i), value in zip(plan.add, plan.values, strict=True):
                 race = by_ctx[ctx]

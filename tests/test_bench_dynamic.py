@@ -23,8 +23,14 @@ TREES = ["dynamic:4", "dynamic:6@3", "dynamic-cost:6"]
 def _config(**run: object) -> dict:
     data = tomllib.loads((resources.files("ersd") / "configs" / "smoke-toy.toml").read_text())
     data["run"].update(
-        {"methods": ["ersd", "sd"], "seeds": [0], "trees": {"ersd": TREES}, "optimal": False,
-         "cost_aware": False, **run}
+        {
+            "methods": ["ersd", "sd"],
+            "seeds": [0],
+            "trees": {"ersd": TREES},
+            "optimal": False,
+            "cost_aware": False,
+            **run,
+        }
     )
     data["prompts"]["sets"] = ["humaneval"]
     return data
@@ -48,8 +54,11 @@ def test_dynamic_entries_run_and_match_target_only(dyn_run: Path) -> None:
     plans = meta["plans"]
     for temp in ("0.0", "1.0"):
         assert [e["tree"] for e in plans[temp] if e["tree"] in TREES] == TREES
-    alone = {(r["prompt_id"], r["temperature"], r["seed"]): r["tokens"]
-             for r in recs if r["method"] == "target-only"}
+    alone = {
+        (r["prompt_id"], r["temperature"], r["seed"]): r["tokens"]
+        for r in recs
+        if r["method"] == "target-only"
+    }
     dyn = [r for r in recs if r["tree"] in TREES]
     assert len(dyn) == len(TREES) * 2 * 2  # trees x temperatures x prompts
     for r in dyn:
@@ -80,8 +89,7 @@ def test_calibration_file_carries_the_margin_table(dyn_run: Path) -> None:
     assert pred.table.num_observations == prof.margin.num_observations
 
 
-def test_report_has_the_dynamic_section_and_calibration_plot(dyn_run: Path,
-                                                             tmp_path: Path) -> None:
+def test_report_has_the_dynamic_section_and_calibration_plot(dyn_run: Path, tmp_path: Path) -> None:
     paths = write_report([dyn_run], tmp_path / "rep")
     text = paths["report"].read_text()
     assert "## Dynamic ERSD trees" in text

@@ -57,16 +57,23 @@ class LinearCosts:
 def _drafter(model: ersd.FunctionModel, spec: str, learn: bool | None = None) -> DynamicDrafter:
     s = parse_dynamic(spec)
     assert s is not None
-    return DynamicDrafter(model, s.budget, max_depth=s.max_depth, cost_aware=s.cost_aware,
-                          costs=LinearCosts((1.0, 0.05), (0.1, 0.01)), learn=learn)
+    return DynamicDrafter(
+        model,
+        s.budget,
+        max_depth=s.max_depth,
+        cost_aware=s.cost_aware,
+        costs=LinearCosts((1.0, 0.05), (0.1, 0.01)),
+        learn=learn,
+    )
 
 
 # --- invariance ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("filters", [{"temperature": 1.0},
-                                     {"temperature": 0.8, "top_k": 3, "top_p": 0.8}])
+@pytest.mark.parametrize(
+    "filters", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 3, "top_p": 0.8}]
+)
 def test_dynamic_ersd_equals_target_only_race_sampling(spec: str, filters: dict) -> None:
     target = TARGET6.model()
     drafts = {n: d.model() for n, d in make_drafts(TARGET6, seed=7).items()}
@@ -75,10 +82,12 @@ def test_dynamic_ersd_equals_target_only_race_sampling(spec: str, filters: dict)
         for learn in (True, False):
             drafter = _drafter(draft, spec, learn=learn)
             for seed in range(20):
-                want = ersd.generate(target, None, PROMPT, max_new_tokens=12, seed=seed,
-                                     **filters).tokens
-                res = ersd.generate(target, drafter, PROMPT, max_new_tokens=12, seed=seed,
-                                    tree=spec, **filters)
+                want = ersd.generate(
+                    target, None, PROMPT, max_new_tokens=12, seed=seed, **filters
+                ).tokens
+                res = ersd.generate(
+                    target, drafter, PROMPT, max_new_tokens=12, seed=seed, tree=spec, **filters
+                )
                 assert res.tokens == want, f"seed {seed}, drafter {name}, {spec}, learn={learn}"
                 assert res.tree == spec
                 accepted += res.num_accepted_tokens
@@ -98,8 +107,7 @@ def test_tree_string_wraps_a_plain_draft_model() -> None:
 def test_temperature_zero_is_the_greedy_chain() -> None:
     target, draft = TARGET6.model(), make_drafts(TARGET6, seed=7)["mild"].model()
     chain = ersd.generate(target, draft, PROMPT, max_new_tokens=20, temperature=0, tree="chain:4")
-    dyn = ersd.generate(target, draft, PROMPT, max_new_tokens=20, temperature=0,
-                        tree="dynamic:4")
+    dyn = ersd.generate(target, draft, PROMPT, max_new_tokens=20, temperature=0, tree="dynamic:4")
     assert dyn.tokens == chain.tokens
     assert [s.num_draft_tokens for s in dyn.steps] == [s.num_draft_tokens for s in chain.steps]
 
@@ -117,8 +125,7 @@ def test_real_model_invariance_smollm2() -> None:
         want = ersd.generate(target, None, prompt, max_new_tokens=20, seed=seed).tokens
         for name, draft in drafts.items():
             for spec in ("dynamic:6", "dynamic:8@3"):
-                res = ersd.generate(target, draft, prompt, max_new_tokens=20, seed=seed,
-                                    tree=spec)
+                res = ersd.generate(target, draft, prompt, max_new_tokens=20, seed=seed, tree=spec)
                 assert res.tokens == want, f"seed {seed}, {name}, {spec}"
                 assert res.num_accepted_tokens > 0
 
@@ -126,19 +133,23 @@ def test_real_model_invariance_smollm2() -> None:
 # --- exactness (statistical) ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "setting", "draft"), [
-    ("dynamic:4", "T1.0", "mild"),
-    ("dynamic:5@2", "T1.0-top_k3-top_p0.9", "bad"),
-    ("dynamic:3", "T0.6", "sparse"),
-])
+@pytest.mark.parametrize(
+    ("spec", "setting", "draft"),
+    [
+        ("dynamic:4", "T1.0", "mild"),
+        ("dynamic:5@2", "T1.0-top_k3-top_p0.9", "bad"),
+        ("dynamic:3", "T0.6", "sparse"),
+    ],
+)
 def test_dynamic_sequence_law(spec: str, setting: str, draft: str) -> None:
     res = sequence_law_test("ersd", spec, setting, DRAFTS[draft], tag=("dynamic", spec, setting))
     assert res.pvalue >= ALPHA, f"ersd {spec}, {setting}, {draft}: {res}"
 
 
 def test_dynamic_inexact_mutant_is_rejected() -> None:
-    res = sequence_law_test(ERSDCorrectionFromDraft(), "dynamic:2", "T1.0", DRAFTS["bad"],
-                            tag=("dynamic-mutant",))
+    res = sequence_law_test(
+        ERSDCorrectionFromDraft(), "dynamic:2", "T1.0", DRAFTS["bad"], tag=("dynamic-mutant",)
+    )
     assert res.pvalue < ALPHA, f"the mutant was not rejected: {res}"
 
 
@@ -153,8 +164,12 @@ def _proposals(drafter: DynamicDrafter, target: TableLM, spec_depth: int, steps:
     for i in range(steps):
         ctx = [int(t) for t in torch.randint(0, target.vocab_size, (3,), generator=g)]
         session = drafter.start_drafting(ctx)
-        yield ctx, session.propose(TreeShape.chain(spec_depth), root_key(i, ctx), ERSD(), params,
-                                   noise), noise, params
+        yield (
+            ctx,
+            session.propose(TreeShape.chain(spec_depth), root_key(i, ctx), ERSD(), params, noise),
+            noise,
+            params,
+        )
 
 
 @pytest.mark.parametrize(("budget", "cap"), [(1, None), (6, None), (8, 2), (12, 3), (5, 1)])
@@ -176,8 +191,11 @@ def test_policy_respects_budget_depth_and_drafting_order(budget: int, cap: int |
             assert q is not None
             # children are the first ranks of ERSD's drafting order at that context
             seq = ctx + [tree.tokens[n] for n in _path(tree, c)]
-            want = race_ranking(ersd.logits_to_probs(draft.logits(seq), params),
-                                noise.exponentials(tree.keys[c]), len(kids))
+            want = race_ranking(
+                ersd.logits_to_probs(draft.logits(seq), params),
+                noise.exponentials(tree.keys[c]),
+                len(kids),
+            )
             assert [tree.tokens[k] for k in kids] == want
         assert prop.expected_tokens is not None
         assert 1.0 <= prop.expected_tokens <= 1.0 + tree.num_nodes + 1e-9
@@ -210,8 +228,10 @@ def _all_known_plan(accept: np.ndarray, budget: int, depth: int) -> list[tuple[i
     nxt = 1
     while True:
         known += fresh
-        open_ = [OpenContext(c, reach[c], prior(len(paths[c]) + 1), children[c],
-                             len(paths[c]) + 1) for c in known]
+        open_ = [
+            OpenContext(c, reach[c], prior(len(paths[c]) + 1), children[c], len(paths[c]) + 1)
+            for c in known
+        ]
         plan = plan_round(open_, budget - (nxt - 1), depth, prior)
         new = []
         for (c, i), v in zip(plan.add, plan.values, strict=True):
@@ -259,8 +279,10 @@ def test_cost_aware_cut_stops_where_predicted_rate_peaks() -> None:
         best = order[: int(np.argmax(rates))]
         assert cut.add == [(0, p[0]) for p in best if len(p) == 1]
         assert bool(cut.feed) == any(len(p) == 2 for p in best)
-    assert plan_round(root, 8, 8, prior, CostState(LinearCosts((1.0, 50.0), (0, 0)), 0, 1.0,
-                                                   0.0)).add == []
+    assert (
+        plan_round(root, 8, 8, prior, CostState(LinearCosts((1.0, 50.0), (0, 0)), 0, 1.0, 0.0)).add
+        == []
+    )
 
 
 # --- the predictor and calibration ---------------------------------------------------------------
@@ -269,7 +291,14 @@ def test_cost_aware_cut_stops_where_predicted_rate_peaks() -> None:
 def test_margin_table_buckets_tail_and_merge() -> None:
     t = MarginTable.empty(max_depth=2, max_rank=3, edges=(0.5, 1.0))
     assert [t.bucket(m) for m in (0.0, 0.49, 0.5, 0.99, 1.0, math.inf, float("nan"))] == [
-        0, 0, 1, 1, 2, 2, 0]
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        0,
+    ]
     t.add(1, 0.2, 1)
     t.add(5, 0.7, 9)  # depth beyond max_depth -> last row; rank beyond max_rank -> tail column
     assert t.counts[0, 0, 0] == 1 and t.counts[1, 1, 3] == 1
@@ -332,8 +361,11 @@ def test_calibration_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyp
     assert back.margin is not None
     np.testing.assert_array_equal(back.margin.counts, table.counts)
     assert back.margin.edges == table.edges
-    cal = {"format": CALIBRATION_FORMAT, "version": 1,
-           "profiles": {"1.0": prof.to_dict(), "0.7": RankProfile.from_ranks([1]).to_dict()}}
+    cal = {
+        "format": CALIBRATION_FORMAT,
+        "version": 1,
+        "profiles": {"1.0": prof.to_dict(), "0.7": RankProfile.from_ranks([1]).to_dict()},
+    }
     (tmp_path / "cal.json").write_text(json.dumps(cal))
     picked = load_profile(tmp_path / "cal.json", temperature=1.0)
     pred = MarginPredictor.from_profile(picked)
@@ -350,8 +382,13 @@ def test_calibration_curve_and_events() -> None:
     for seed in range(10):
         ersd.generate(target, drafter, PROMPT, max_new_tokens=16, seed=seed, tree="dynamic:6")
     assert drafter.events and all(isinstance(e, MarginEvent) for e in drafter.events)
-    rows = calibration_curve([(e.margin, e.predicted, e.accepted) for e in drafter.events
-                              if e.children and e.predicted is not None])
+    rows = calibration_curve(
+        [
+            (e.margin, e.predicted, e.accepted)
+            for e in drafter.events
+            if e.children and e.predicted is not None
+        ]
+    )
     assert sum(r["n"] for r in rows) > 0
     for r in rows:
         assert 0 <= r["low"] <= r["observed"] <= r["high"] <= 1
@@ -370,6 +407,12 @@ def test_bad_specs_and_methods_are_clear_errors() -> None:
     with pytest.raises(ErsdError, match="budget"):
         DynamicDrafter(draft, 0)
     with pytest.raises(UnsupportedTreeError):
-        ersd.generate(target, DynamicDrafter(draft, 4), PROMPT, max_new_tokens=4,
-                      method="specinfer", tree="chain:4")
+        ersd.generate(
+            target,
+            DynamicDrafter(draft, 4),
+            PROMPT,
+            max_new_tokens=4,
+            method="specinfer",
+            tree="chain:4",
+        )
     assert isinstance(ModelDrafter(draft), ersd.drafting.Drafter)

@@ -267,7 +267,6 @@ def _validate(cfg: BenchConfig) -> None:
             "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"
         )
     from ersd.bench.trees import resolve_tree
-
     from ersd.drafting.dynamic import parse_dynamic
 
     for method, specs in r.trees.items():

@@ -137,7 +137,9 @@ def plot_calibration(results: list[dict[str, Any]], path: str | Path) -> Path | 
     return out
 
 
-def write_section(results: list[dict[str, Any]], out_dir: str | Path) -> tuple[str, dict[str, Path]]:
+def write_section(
+    results: list[dict[str, Any]], out_dir: str | Path
+) -> tuple[str, dict[str, Path]]:
     """The markdown section and the figure written into ``out_dir`` (hook of the report)."""
     fig = plot_calibration(results, Path(out_dir) / "dynamic_calibration.png")
     section = markdown_section(results, str(fig) if fig else None)

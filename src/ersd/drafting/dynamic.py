@@ -73,8 +73,9 @@ def parse_dynamic(spec: Any) -> DynamicSpec | None:
             f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
             "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
         )
-    return DynamicSpec(int(m.group(2)), int(m.group(3)) if m.group(3) else None,
-                       m.group(1) == "dynamic-cost")
+    return DynamicSpec(
+        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
+    )
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,9 @@ class _Race:
     children: int = 0
 
 
-def _race(logits: torch.Tensor, params: SamplingParams, noise: RaceNoise, key: int, m: int,
-          depth: int) -> tuple[torch.Tensor, _Race]:
+def _race(
+    logits: torch.Tensor, params: SamplingParams, noise: RaceNoise, key: int, m: int, depth: int
+) -> tuple[torch.Tensor, _Race]:
     """The draft's race at one context: (draft probabilities, race with ``m`` candidates).
 
     The candidates are ERSD's drafting order (:func:`ersd.race.race_ranking`): the smallest
@@ -133,16 +135,31 @@ class RaceDraftSession(ModelDraftSession):
         self._races: dict[int, _Race] = {}
         self._on_event = on_event
 
-    def _race_at(self, tree: DraftTree, ctx: int, logits: torch.Tensor, m: int,
-                 params: SamplingParams, noise: RaceNoise) -> _Race:
+    def _race_at(
+        self,
+        tree: DraftTree,
+        ctx: int,
+        logits: torch.Tensor,
+        m: int,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> _Race:
         depth = tree.depth_of(tree.node_of(ctx)) + 1
         q, race = _race(logits, params, noise, tree.keys[ctx], m, depth)
         tree.draft_probs[ctx] = q
         self._races[ctx] = race
         return race
 
-    def _draft_at(self, tree: DraftTree, ctx: int, logits: torch.Tensor, num_children: int,
-                  rule: Method, params: SamplingParams, noise: RaceNoise) -> list[int]:
+    def _draft_at(
+        self,
+        tree: DraftTree,
+        ctx: int,
+        logits: torch.Tensor,
+        num_children: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> list[int]:
         if not isinstance(rule, ERSD):
             return super()._draft_at(tree, ctx, logits, num_children, rule, params, noise)
         race = self._race_at(tree, ctx, logits, num_children, params, noise)
@@ -157,8 +174,11 @@ class RaceDraftSession(ModelDraftSession):
                 if race is None:
                     break
                 s = race.scores[int(tok)]
-                rank = (race.scores.numel() + 1 if math.isinf(float(s))
-                        else int((race.scores < s).sum().item()) + 1)
+                rank = (
+                    race.scores.numel() + 1
+                    if math.isinf(float(s))
+                    else int((race.scores < s).sum().item()) + 1
+                )
                 pred = float(race.accept[: race.children].sum()) if race.accept.size else None
                 self._on_event(MarginEvent(race.depth, race.margin, rank, race.children, pred))
         self._races = {}
@@ -258,8 +278,13 @@ class DynamicDrafter:
         """A drafter with ``spec``'s budget, depth cap and variant, sharing this one's model,
         predictor, costs and event list."""
         out = DynamicDrafter(
-            self.model, spec.budget, max_depth=spec.max_depth, predictor=self.predictor,
-            costs=self.costs, cost_aware=spec.cost_aware, learn=self.learn,
+            self.model,
+            spec.budget,
+            max_depth=spec.max_depth,
+            predictor=self.predictor,
+            costs=self.costs,
+            cost_aware=spec.cost_aware,
+            learn=self.learn,
             keep_events=self.keep_events,
         )
         out.events = self.events
@@ -285,14 +310,16 @@ class DynamicDraftSession(RaceDraftSession):
         super().__init__(session, drafter._on_event)
         self.drafter = drafter
 
-    def propose(self, shape: TreeShape, key: int, rule: Method, params: SamplingParams,
-                noise: RaceNoise) -> Proposal:
+    def propose(
+        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+    ) -> Proposal:
         cap = min(shape.depth, self.drafter.depth_cap)
         if isinstance(rule, ERSD):
             return self._grow(key, params, noise, cap)
         if isinstance(rule, GreedyRule):  # temperature 0: the chain (nothing to rank)
-            return super().propose(TreeShape.chain(min(self.drafter.budget, cap)), key, rule,
-                                   params, noise)
+            return super().propose(
+                TreeShape.chain(min(self.drafter.budget, cap)), key, rule, params, noise
+            )
         raise UnsupportedTreeError(
             f"dynamic trees are grown from the draft's race, which only ERSD shares with the "
             f"target; method {rule.name!r} needs a static tree (e.g. 'chain:4')"
@@ -310,18 +337,25 @@ class DynamicDraftSession(RaceDraftSession):
         self._races = {}
         while fresh:
             for ctx, logits, reach in fresh:
-                race = self._race_at(tree, ctx, logits, min(pred.max_rank, d.budget - added),
-                                     params, noise)
+                race = self._race_at(
+                    tree, ctx, logits, min(pred.max_rank, d.budget - added), params, noise
+                )
                 race.reach = reach
                 t0 = time.perf_counter()
                 race.accept = pred.predict(race.depth, race.margin)[: len(race.tokens)]
                 d.policy_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
             by_ctx = self._races
-            open_ = [OpenContext(c, r.reach, r.accept, r.children, r.depth)
-                     for c, r in by_ctx.items() if r.children < len(r.tokens)]
-            cost = (CostState(d.costs, added, expected, draft_pred)
-                    if d.cost_aware and d.costs is not None else None)
+            open_ = [
+                OpenContext(c, r.reach, r.accept, r.children, r.depth)
+                for c, r in by_ctx.items()
+                if r.children < len(r.tokens)
+            ]
+            cost = (
+                CostState(d.costs, added, expected, draft_pred)
+                if d.cost_aware and d.costs is not None
+                else None
+            )
             plan = plan_round(open_, d.budget - added, cap, pred.depth_prior, cost)
             d.policy_seconds += time.perf_counter() - t0
             new: list[int] = []

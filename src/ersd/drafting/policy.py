@@ -80,8 +80,10 @@ def plan_round(
     tie = 0
     for c in contexts:
         if c.next_rank < c.accept.size and c.depth <= max_depth:
-            heapq.heappush(heap, (-c.reach * float(c.accept[c.next_rank]), tie, -1, c.ctx,
-                                  c.next_rank, c.depth))
+            heapq.heappush(
+                heap,
+                (-c.reach * float(c.accept[c.next_rank]), tie, -1, c.ctx, c.next_rank, c.depth),
+            )
             tie += 1
     # plan nodes: (parent plan node or -1 for a known context, ctx, index, depth, value)
     nodes: list[tuple[int, int, int, int, float]] = []
@@ -95,14 +97,16 @@ def plan_round(
         if parent < 0:
             known = by_ctx[ctx]
             if i + 1 < known.accept.size:
-                heapq.heappush(heap, (-known.reach * float(known.accept[i + 1]), tie, -1, ctx,
-                                      i + 1, depth))
+                heapq.heappush(
+                    heap, (-known.reach * float(known.accept[i + 1]), tie, -1, ctx, i + 1, depth)
+                )
                 tie += 1
         else:
             pr = prior(depth)
             if i + 1 < pr.size:
-                heapq.heappush(heap, (-nodes[parent][4] * float(pr[i + 1]), tie, parent, -1,
-                                      i + 1, depth))
+                heapq.heappush(
+                    heap, (-nodes[parent][4] * float(pr[i + 1]), tie, parent, -1, i + 1, depth)
+                )
                 tie += 1
         if depth < max_depth:
             heapq.heappush(heap, (-value * float(prior(depth + 1)[0]), tie, nid, -1, 0, depth + 1))

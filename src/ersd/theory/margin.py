@@ -21,6 +21,7 @@ their parents; it can learn online (:meth:`MarginPredictor.update`).  numpy only
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ class MarginTable:
 
     def __post_init__(self) -> None:
         edges = tuple(float(e) for e in self.edges)
-        if not edges or any(not (b > a) for a, b in zip(edges, edges[1:], strict=False)):
+        if not edges or any(not (b > a) for a, b in itertools.pairwise(edges)):
             raise MarginTableError(f"margin edges must increase strictly, got {list(edges)}")
         if edges[0] <= 0:
             raise MarginTableError(f"margin edges must be > 0 (margins are >= 0), got {edges[0]}")
@@ -135,7 +136,11 @@ class MarginTable:
 
     def observed_top(self, depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per bucket: (observations, empirical ``P(R = 1)``), at one depth or pooled."""
-        c = self.counts.sum(axis=0) if depth is None else self.counts[min(depth, self.max_depth) - 1]
+        c = (
+            self.counts.sum(axis=0)
+            if depth is None
+            else self.counts[min(depth, self.max_depth) - 1]
+        )
         n = c.sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             top = np.where(n > 0, c[:, 0] / np.maximum(n, 1), np.nan)
@@ -222,7 +227,7 @@ class MarginPredictor:
         self._depth = self._shrink(c.sum(axis=1), overall[None, :])[..., :-1].copy()
 
     def predict(self, depth: int, margin: float) -> np.ndarray:
-        """``[P(R = 1), ..., P(R = max_rank)]`` at a context of ``depth`` (1-based) with ``margin``."""
+        """``[P(R = r)]``, r = 1 .. max_rank, at a context of ``depth`` (1-based), ``margin``."""
         if self._probs is None:
             self._refresh()
         assert self._probs is not None

@@ -260,11 +260,11 @@ def merge_profiles(profiles: Sequence[RankProfile]) -> RankProfile:
             w = max(c.size for c in cols)
             depth_counts.append(sum((_pad(c, w) for c in cols), np.zeros(w, dtype=np.int64)))
     margin = None
-    tables = [p.margin for p in profiles]
-    if all(t is not None for t in tables):
+    tables = [p.margin for p in profiles if p.margin is not None]
+    if len(tables) == len(profiles):
         margin = tables[0]
         for t in tables[1:]:
-            margin = margin.merge(t)  # type: ignore[union-attr]
+            margin = margin.merge(t)
     return RankProfile(
         counts, vocab_size=profiles[0].vocab_size, depth_counts=depth_counts, margin=margin
     )

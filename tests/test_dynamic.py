@@ -418,3 +418,19 @@ def test_bad_specs_and_methods_are_clear_errors() -> None:
             tree="chain:4",
         )
     assert isinstance(ModelDrafter(draft), ersd.drafting.Drafter)
+
+
+def test_batched_generation_with_a_dynamic_drafter_is_invariant() -> None:
+    target, draft = TARGET6.model(), make_drafts(TARGET6, seed=7)["mild"].model()
+    prompts = [[1, 2], [3], [4, 5, 0]]
+    want = ersd.generate_batch(target, None, prompts, max_new_tokens=12, seeds=[5, 6, 7])
+    got = ersd.generate_batch(
+        target,
+        DynamicDrafter(draft, 6),
+        prompts,
+        max_new_tokens=12,
+        seeds=[5, 6, 7],
+        tree="chain:6",  # the envelope: depth cap 6
+    )
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert sum(r.num_accepted_tokens for r in got) > 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,25 +313,37 @@ class DynamicDraftSession(RaceDraftSession):
     def propose(
         self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
     ) -> Proposal:
+        self._expected: float | None = None
+        proposal = super().propose(shape, key, rule, params, noise)  # drives grow() below
+        proposal.expected_tokens = self._expected
+        return proposal
+
+    def grow(
+        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
+        """The dynamic tree as a generator of draft-model calls (the protocol of
+        :meth:`ModelDraftSession.grow`, so a batched engine can drive it): the root, then one
+        call per round.  ``shape`` is an envelope: only its depth is used (the depth cap)."""
         cap = min(shape.depth, self.drafter.depth_cap)
         if isinstance(rule, ERSD):
-            return self._grow(key, params, noise, cap)
+            return (yield from self._grow_dynamic(key, params, noise, cap))
         if isinstance(rule, GreedyRule):  # temperature 0: the chain (nothing to rank)
-            return super().propose(
-                TreeShape.chain(min(self.drafter.budget, cap)), key, rule, params, noise
-            )
+            chain = TreeShape.chain(min(self.drafter.budget, cap))
+            return (yield from super().grow(chain, key, rule, params, noise))
         raise UnsupportedTreeError(
             f"dynamic trees are grown from the draft's race, which only ERSD shares with the "
             f"target; method {rule.name!r} needs a static tree (e.g. 'chain:4')"
         )
 
-    def _grow(self, key: int, params: SamplingParams, noise: RaceNoise, cap: int) -> Proposal:
+    def _grow_dynamic(
+        self, key: int, params: SamplingParams, noise: RaceNoise, cap: int
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
         d = self.drafter
         pred = d.predictor
         tree = DraftTree.empty(key)
         fed = {DraftTree.ROOT: -1}
-        rows, seconds = self._score([], [])
-        forwards, added, expected = 1, 0, 1.0
+        rows = yield [], []
+        added, expected = 0, 1.0
         draft_pred = d.costs.draft_cost(1) if d.costs is not None else 0.0
         fresh = [(DraftTree.ROOT, rows[0], 1.0)]
         self._races = {}
@@ -368,14 +380,19 @@ class DynamicDraftSession(RaceDraftSession):
             feed = [new[j] for j in plan.feed]
             if not feed:
                 break
-            rows, dt = self._feed(tree, fed, feed)
-            seconds += dt
-            forwards += 1
+            base = len(fed) - 1
+            rows = yield (
+                [tree.token_ending(c) for c in feed],
+                [fed[tree.parent_context(c)] for c in feed],
+            )
+            for r, c in enumerate(feed):
+                fed[c] = base + r
             if d.costs is not None:
                 draft_pred += d.costs.draft_cost(len(feed))
             fresh = [(c, rows[1 + j], plan.values[plan.feed[j]]) for j, c in enumerate(feed)]
         self._fed = fed
-        return Proposal(tree=tree, forwards=forwards, seconds=seconds, expected_tokens=expected)
+        self._expected = expected
+        return tree
 
 
 def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Drafter | None, Any]:

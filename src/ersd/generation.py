@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
+from ersd.drafting.dynamic import dynamic_tree, tree_label
 from ersd.errors import GenerationInputError, VocabularyMismatchError
 from ersd.methods import DraftTree, Method, TreeVerification, get_method, rule_for, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
@@ -189,6 +190,7 @@ def settle(
         target_time=target_time,
         total_time=time.perf_counter() - started,
         finish_reason=seq.finish_reason,
+        expected_tokens=proposal.expected_tokens,
     )
 
 
@@ -305,6 +307,7 @@ def generate_stream(
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
+    drafter, tree = dynamic_tree(tree, drafter, method)  # "dynamic:K": a DynamicDrafter
     _validate(target, drafter, prompt, max_new_tokens, eos_token_id)
     params = sampling_params(sampling, temperature, top_k, top_p, min_p)
     settings = make_settings(
@@ -373,7 +376,7 @@ def generate(
     return GenerationResult.from_steps(
         steps,
         method=label or get_method(method).name,
-        tree=tree if draft is not None else None,
+        tree=tree_label(tree, draft) if draft is not None else None,
         wall_time=time.perf_counter() - t0,
     )
 

@@ -30,6 +30,7 @@ class StepRecord:
     target_time: float = 0.0  # seconds in the target model forward
     total_time: float = 0.0  # seconds for the whole step
     finish_reason: str | None = None  # set on the last record: one of FINISH_REASONS
+    expected_tokens: float | None = None  # drafter's predicted tokens per call (dynamic trees)
 
     @property
     def other_time(self) -> float:
@@ -127,8 +128,6 @@ class GenerationResult:
         drafted.  The finish reason is the last record's; records without one (older producers)
         fall back to "eos" if the last token is in ``eos_token_id`` and "length" otherwise.
         """
-        from ersd.tree import parse_tree
-
         tokens = [t for s in steps for t in s.tokens]
         reason = steps[-1].finish_reason if steps else None
         if reason is None:
@@ -140,10 +139,16 @@ class GenerationResult:
             draft_forwards=sum(s.draft_forwards for s in steps),
             steps=steps,
             method=str(getattr(method, "name", method)),
-            tree=parse_tree(tree).spec if tree is not None else None,
+            tree=_tree_spec(tree),
             finish_reason=reason,
             wall_time=wall_time,
         )
+
+    @property
+    def expected_block_efficiency(self) -> float | None:
+        """Mean of the drafter's predicted tokens per call, where it predicted them."""
+        vals = [s.expected_tokens for s in self.steps if s.expected_tokens is not None]
+        return sum(vals) / len(vals) if vals else None
 
     def stats(self) -> dict[str, Any]:
         """Summary statistics as a JSON-ready dict (vLLM metric names where one exists)."""
@@ -166,6 +171,7 @@ class GenerationResult:
             "other_time": self.other_time,
             "tokens_per_second": self.tokens_per_second,
             "finish_reason": self.finish_reason,
+            "expected_block_efficiency": self.expected_block_efficiency,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,3 +179,14 @@ class GenerationResult:
         d["tokens"] = list(self.tokens)
         d["steps"] = [asdict(s) for s in self.steps]
         return d
+
+
+def _tree_spec(tree: Any) -> str | None:
+    """Canonical spec of a tree label; dynamic specs (``dynamic:K``) are kept as written."""
+    if tree is None:
+        return None
+    if isinstance(tree, str) and tree.strip().lower().startswith("dynamic"):
+        return tree.strip()
+    from ersd.tree import parse_tree
+
+    return parse_tree(tree).spec

@@ -272,11 +272,21 @@ def _validate(cfg: BenchConfig) -> None:
         raise BenchConfigError(
             "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"
         )
+    from ersd.drafting.dynamic import parse_dynamic
     from ersd.tree import parse_tree
 
     for method, specs in r.trees.items():
         for spec in specs:
-            if not spec.startswith(("optimal:", "cost-aware")):
+            try:
+                dynamic = parse_dynamic(spec) is not None
+            except ErsdError as exc:
+                raise BenchConfigError(f"run.trees.{method}: {exc}") from None
+            if dynamic and method != "ersd":
+                raise BenchConfigError(
+                    f"run.trees.{method}: {spec!r} is a dynamic ERSD tree (grown from the draft's "
+                    "race); list it under ersd"
+                )
+            if not dynamic and not spec.startswith(("optimal:", "cost-aware")):
                 try:
                     parse_tree(spec)
                 except ErsdError as exc:

@@ -46,6 +46,9 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, 
     plot_block_efficiency(rows, figs["block_efficiency"])
     plot_speedup(rows, figs["speedup"])
     md = out / "report.md"
+    from ersd.bench.margin_report import write_section  # dynamic trees (empty without them)
+
+    dynamic_md, dynamic_figs = write_section(results, out)
     md.write_text(
         markdown(
             rows,
@@ -54,7 +57,9 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, 
             ersd_vs_hf(results, rows),
             rank_dependence(results),
         )
+        + (("\n" + dynamic_md) if dynamic_md else "")
     )
+    figs.update(dynamic_figs)
     summary = out / "summary.json"
     summary.write_text(json.dumps([row_dict(r) for r in rows], indent=1) + "\n")
     return {"report": md, "summary": summary, **figs}

@@ -108,7 +108,7 @@ def _stats_block(res: Any, elapsed: float) -> str:
     default="multi:2x3",
     show_default=True,
     help="Draft tree: chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE (a calibration "
-    "or rank-profile file) or paths:[[0],[1],[0,0]].",
+    "or rank-profile file), paths:[[0],[1],[0,0]] or (ERSD) dynamic:K[@D].",
 )
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=None)
@@ -172,13 +172,15 @@ def generate(
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair)."""
     import ersd
     from ersd.drafting import parse_drafter
+    from ersd.drafting.dynamic import parse_dynamic
     from ersd.errors import ErsdError
 
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         ersd.get_method(method)
-        shape = ersd.parse_tree(tree, temperature=temperature)
+        # dynamic:K[@D] trees are grown by ersd.generate itself (ersd.drafting.dynamic)
+        shape = tree if parse_dynamic(tree) else ersd.parse_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
         tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)

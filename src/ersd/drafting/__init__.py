@@ -7,11 +7,14 @@
 
 :func:`parse_drafter` builds one from a spec string (``lookup``, ``lookup+qwen2.5-coder-0.5b``).
 docs/drafters.md says which to use when and why each method stays exact.
+* :class:`DynamicDrafter` — a draft model growing ERSD trees best-first from its own races
+  (:mod:`ersd.drafting.dynamic`); :class:`MarginRecorder` records its calibration data.
 """
 
 from __future__ import annotations
 
 from ersd.drafting.base import Drafter, DraftSession, Proposal
+from ersd.drafting.dynamic import DynamicDrafter, MarginRecorder
 from ersd.drafting.free import DrafterStats, SourceStats
 from ersd.drafting.grow import DrafterConfigError
 from ersd.drafting.hybrid import HybridDrafter
@@ -25,8 +28,10 @@ __all__ = [
     "Drafter",
     "DrafterConfigError",
     "DrafterStats",
+    "DynamicDrafter",
     "HybridDrafter",
     "LookupDrafter",
+    "MarginRecorder",
     "ModelDraftSession",
     "ModelDrafter",
     "Proposal",

@@ -37,6 +37,9 @@ class Proposal:
     tree: DraftTree
     forwards: int = 0  # draft model forward passes
     seconds: float = 0.0  # time spent in draft model forwards
+    #: predicted tokens per target call of this tree (1 + Σ predicted reach of its nodes), when
+    #: the drafter predicts it (dynamic trees, :mod:`ersd.drafting.dynamic`); None otherwise
+    expected_tokens: float | None = None
 
 
 @runtime_checkable

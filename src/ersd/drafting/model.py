@@ -46,6 +46,25 @@ class ModelDraftSession:
         # context of the last proposed tree -> its pending index in the draft session
         self._fed: dict[int, int] = {}
 
+    def _draft_at(
+        self,
+        tree: DraftTree,
+        ctx: int,
+        logits: torch.Tensor,
+        num_children: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> list[int]:
+        """Draft ``num_children`` tokens below context ``ctx`` from the draft's ``logits`` there
+        (the rule's drafting rule); records the draft distribution on the tree.  Subclasses
+        (:mod:`ersd.drafting.dynamic`) hook in here."""
+        toks, q = rule.draft_children(
+            logits, params, num_children, NodeNoise(noise, tree.keys[ctx])
+        )
+        tree.draft_probs[ctx] = q
+        return toks
+
     def grow(
         self,
         shape: TreeShape,
@@ -70,10 +89,7 @@ class ModelDraftSession:
             grown: list[tuple[int, int]] = []  # (shape node, context) that have children to draft
             for snode, ctx, logits in frontier:
                 kids = shape.child_nodes(snode)
-                toks, q = rule.draft_children(
-                    logits, params, len(kids), NodeNoise(noise, tree.keys[ctx])
-                )
-                tree.draft_probs[ctx] = q
+                toks = self._draft_at(tree, ctx, logits, len(kids), rule, params, noise)
                 for kid, tok in zip(kids, toks, strict=False):
                     child = tree.add_child(ctx, tok)
                     if shape.child_nodes(kid):

@@ -14,7 +14,12 @@ File format (JSON, ``format = "ersd-rank-profile"``, ``version = 1``)::
      "vocab_size": 49152,                 # or null when unknown
      "counts": [812, 140, 51, ...],       # counts[r - 1] = observations of rank r
      "depth_counts": [[...], [...]],      # optional: the same per depth (depth 1 first), or null
-     "meta": {"target": "...", "draft": "...", "temperature": 1.0}}
+     "meta": {"target": "...", "draft": "...", "temperature": 1.0},
+     "margin": {"edges": [...], "counts": [[[...]]]}}   # optional: ranks by margin bucket
+
+``margin`` (optional) is a :class:`ersd.theory.margin.MarginTable`: the same ranks counted per
+depth and per bucket of the draft race's margin, the data of the dynamic-tree policy's acceptance
+predictor (:mod:`ersd.drafting.dynamic`).
 
 The tree spec ``optimal:K@file`` (:func:`ersd.parse_tree`) loads such a file, or a calibration
 file of ``ersd bench calibrate`` (one profile per temperature), with :func:`load_profiles` — the
@@ -34,6 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ersd.errors import ErsdError
+from ersd.theory.margin import MarginTable
 
 PROFILE_FORMAT = "ersd-rank-profile"
 PROFILE_VERSION = 1
@@ -87,9 +93,13 @@ class RankProfile:
     vocab_size: int | None = None
     depth_counts: list[np.ndarray] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: optional :class:`~ersd.theory.margin.MarginTable` (ranks by depth and draft-race margin)
+    margin: MarginTable | None = None
 
     def __post_init__(self) -> None:
         self.counts = _check_counts(self.counts, "counts")
+        if self.margin is not None and not isinstance(self.margin, MarginTable):
+            self.margin = MarginTable.from_dict(self.margin)
         if self.depth_counts is not None:
             self.depth_counts = [
                 _check_counts(c, f"depth_counts[{d}]") for d, c in enumerate(self.depth_counts)
@@ -184,7 +194,7 @@ class RankProfile:
     # --- files ----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
             "vocab_size": self.vocab_size,
@@ -197,6 +207,9 @@ class RankProfile:
             ),
             "meta": self.meta,
         }
+        if self.margin is not None:
+            out["margin"] = self.margin.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> RankProfile:
@@ -217,6 +230,7 @@ class RankProfile:
             vocab_size=data.get("vocab_size"),
             depth_counts=data.get("depth_counts"),
             meta=dict(data.get("meta") or {}),
+            margin=data.get("margin"),
         )
 
     def save(self, path: str | Path) -> None:
@@ -311,4 +325,12 @@ def merge_profiles(profiles: Sequence[RankProfile]) -> RankProfile:
             ]
             w = max(c.size for c in cols)
             depth_counts.append(sum((_pad(c, w) for c in cols), np.zeros(w, dtype=np.int64)))
-    return RankProfile(counts, vocab_size=profiles[0].vocab_size, depth_counts=depth_counts)
+    margin = None
+    tables = [p.margin for p in profiles if p.margin is not None]
+    if len(tables) == len(profiles):
+        margin = tables[0]
+        for t in tables[1:]:
+            margin = margin.merge(t)
+    return RankProfile(
+        counts, vocab_size=profiles[0].vocab_size, depth_counts=depth_counts, margin=margin
+    )

@@ -1,0 +1,448 @@
+"""Dynamic ERSD trees: the draft grows each step's tree best-first from its own races.
+
+At every context it drafts, the draft model's race ``E_i / q_i`` (the race ERSD shares with the
+target) gives the candidates (ranks 1, 2, ...) and the **margin** ``log(s_2 / s_1)`` between the
+winner's and the runner-up's scores.  A calibrated :class:`~ersd.theory.margin.MarginPredictor`
+maps (depth, margin) to ``a_r = P(target's winner = the draft's rank-r candidate)``; a node's value
+is its predicted reach probability (the product of ``a_r`` along its path) and
+:func:`~ersd.drafting.policy.plan_round` adds nodes best-first under a budget of ``K`` drafted
+tokens (and a depth cap), one draft forward per round as for static trees.  The cost-aware
+variant also stops where the predicted tokens per second (a cost model such as
+:class:`ersd.bench.costs.CostModel`) is highest.  Each proposal reports its expected tokens per
+target call, ``1 + Σ reach`` (``Proposal.expected_tokens`` → ``StepRecord.expected_tokens``).
+
+Exactness is untouched: the tree is a function of the draft side only, and ERSD emits the
+target's race winners whatever the tree (it stays drafter invariant).  Only ERSD is supported
+(the rejection-based methods draft i.i.d. lanes, whose ranks carry no race margin); at
+temperature 0 the tree is a chain of ``min(K, depth cap)`` greedy tokens.
+
+Spec strings (through :func:`dynamic_tree`, called by :func:`ersd.generate`):
+``dynamic:K`` (depth cap K), ``dynamic:K@D`` (depth cap D), ``dynamic-cost:K[@D]`` (cost-aware;
+the drafter must carry a cost model).  Without a calibrated predictor the drafter starts from a
+weak prior and learns online from its own observations: at each verified context the emitted
+token is the target's race winner, whose rank in the draft's race the drafter computes itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ersd.drafting.base import Drafter, Proposal
+from ersd.drafting.model import ModelDrafter, ModelDraftSession
+from ersd.drafting.policy import CostState, OpenContext, StepCosts, plan_round
+from ersd.errors import GenerationInputError, InvalidTreeSpecError, UnsupportedTreeError
+from ersd.methods import DraftTree, GreedyRule, Method
+from ersd.methods.ersd import ERSD
+from ersd.models.base import LanguageModel, ModelSession
+from ersd.probs import SamplingParams, logits_to_probs
+from ersd.race import STREAM_RACE, RaceNoise, race_scores
+from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
+from ersd.tree import TreeShape
+
+_SPEC = re.compile(r"\s*(dynamic|dynamic-cost)\s*:\s*([1-9][0-9]*)\s*(?:@\s*([1-9][0-9]*)\s*)?")
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    budget: int
+    max_depth: int | None = None
+    cost_aware: bool = False
+
+    @property
+    def spec(self) -> str:
+        kind = "dynamic-cost" if self.cost_aware else "dynamic"
+        cap = f"@{self.max_depth}" if self.max_depth is not None else ""
+        return f"{kind}:{self.budget}{cap}"
+
+
+def parse_dynamic(spec: Any) -> DynamicSpec | None:
+    """The :class:`DynamicSpec` of a ``dynamic[-cost]:K[@D]`` string; None for other specs."""
+    if not isinstance(spec, str) or not spec.strip().lower().startswith("dynamic"):
+        return None
+    m = _SPEC.fullmatch(spec.lower())
+    if not m:
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
+            "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
+        )
+    return DynamicSpec(
+        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
+    )
+
+
+@dataclass(frozen=True)
+class MarginEvent:
+    """One verified context with a known draft race: the target's winner had ``rank`` there;
+    ``children`` ranks were drafted, predicted to hold the winner with probability
+    ``predicted`` (None when no predictor was used)."""
+
+    depth: int
+    margin: float
+    rank: int
+    children: int
+    predicted: float | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.rank <= self.children
+
+
+@dataclass
+class _Race:
+    depth: int  # depth of the children drafted here (1 = children of the root)
+    scores: torch.Tensor  # E_i / q_i
+    tokens: list[int]  # candidates, best first
+    margin: float
+    reach: float = 1.0
+    accept: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    children: int = 0
+
+
+def _race(
+    logits: torch.Tensor, params: SamplingParams, noise: RaceNoise, key: int, m: int, depth: int
+) -> tuple[torch.Tensor, _Race]:
+    """The draft's race at one context: (draft probabilities, race with ``m`` candidates).
+
+    The candidates are ERSD's drafting order (:func:`ersd.race.race_ranking`): the smallest
+    ``E_i / q_i`` first, ties to the lowest token id, zero-mass tokens never.
+    """
+    q = logits_to_probs(logits, params)
+    scores = race_scores(q, noise.exponentials(key, STREAM_RACE))
+    k = min(max(m, 2), scores.numel())
+    vals, idx = torch.topk(scores, k, largest=False, sorted=True)
+    pairs = sorted(zip(vals.tolist(), idx.tolist(), strict=True))
+    tokens = [i for v, i in pairs[:m] if v != math.inf]
+    margin = race_margin(pairs[0][0], pairs[1][0]) if len(pairs) > 1 else math.inf
+    return q, _Race(depth, scores, tokens, margin)
+
+
+class RaceDraftSession(ModelDraftSession):
+    """A model draft session that keeps the draft's race at every context it drafts for ERSD
+    and, on ``observe``, reports the target winner's rank there (:class:`MarginEvent`)."""
+
+    def __init__(
+        self, session: ModelSession, on_event: Callable[[MarginEvent], None] | None
+    ) -> None:
+        super().__init__(session)
+        self._races: dict[int, _Race] = {}
+        self._on_event = on_event
+
+    def _race_at(
+        self,
+        tree: DraftTree,
+        ctx: int,
+        logits: torch.Tensor,
+        m: int,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> _Race:
+        depth = tree.depth_of(tree.node_of(ctx)) + 1
+        q, race = _race(logits, params, noise, tree.keys[ctx], m, depth)
+        tree.draft_probs[ctx] = q
+        self._races[ctx] = race
+        return race
+
+    def _draft_at(
+        self,
+        tree: DraftTree,
+        ctx: int,
+        logits: torch.Tensor,
+        num_children: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> list[int]:
+        if not isinstance(rule, ERSD):
+            return super()._draft_at(tree, ctx, logits, num_children, rule, params, noise)
+        race = self._race_at(tree, ctx, logits, num_children, params, noise)
+        race.children = len(race.tokens)
+        return race.tokens
+
+    def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None:
+        if self._on_event is not None:
+            path = [DraftTree.ROOT] + [DraftTree.context_of(n) for n in accepted]
+            for ctx, tok in zip(path, tokens, strict=False):
+                race = self._races.get(ctx)
+                if race is None:
+                    break
+                s = race.scores[int(tok)]
+                rank = (
+                    race.scores.numel() + 1
+                    if math.isinf(float(s))
+                    else int((race.scores < s).sum().item()) + 1
+                )
+                pred = float(race.accept[: race.children].sum()) if race.accept.size else None
+                self._on_event(MarginEvent(race.depth, race.margin, rank, race.children, pred))
+        self._races = {}
+        super().observe(tokens, accepted)
+
+
+class MarginRecorder:
+    """A :class:`~ersd.drafting.Drafter` that drafts the static shapes it is given (like
+    :class:`ModelDrafter`) and counts, in ``table``, the target winner's rank by depth and margin
+    at every verified ERSD context: the calibration data of the dynamic policy."""
+
+    def __init__(self, model: LanguageModel, table: MarginTable | None = None) -> None:
+        self.model = model.model if isinstance(model, ModelDrafter) else model
+        self.table = table if table is not None else MarginTable.empty()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    def start_drafting(self, prompt: Sequence[int]) -> RaceDraftSession:
+        return RaceDraftSession(self.model.start(list(prompt)), self._record)
+
+    def _record(self, ev: MarginEvent) -> None:
+        self.table.add(ev.depth, ev.margin, ev.rank)
+
+
+def as_predictor(source: Any) -> MarginPredictor:
+    """A :class:`MarginPredictor` from a predictor, a margin table or a rank profile with one."""
+    if isinstance(source, MarginPredictor):
+        return source
+    if isinstance(source, MarginTable):
+        return MarginPredictor(source)
+    if hasattr(source, "margin"):
+        return MarginPredictor.from_profile(source)
+    raise GenerationInputError(
+        "predictor must be an ersd.theory.margin.MarginPredictor, a MarginTable or a RankProfile "
+        f"with a margin table (from `ersd bench calibrate`), got {type(source).__name__}"
+    )
+
+
+class DynamicDrafter:
+    """A :class:`~ersd.drafting.Drafter` growing dynamic ERSD trees (module docstring).
+
+    ``budget`` drafted tokens per step, depth cap ``max_depth`` (default: ``budget``; a step's
+    shape, e.g. ``chain:D``, caps it further), ``predictor`` (a :class:`MarginPredictor`,
+    :class:`MarginTable` or calibrated :class:`~ersd.theory.RankProfile`; None: a weak prior that
+    learns online), ``costs`` (forward-time curves; needed by ``cost_aware``), ``learn`` (update
+    the predictor from every observation; default: only without a calibrated predictor),
+    ``keep_events`` (keep every :class:`MarginEvent` in ``events``, for calibration plots).
+    """
+
+    def __init__(
+        self,
+        model: LanguageModel | ModelDrafter,
+        budget: int = 8,
+        *,
+        max_depth: int | None = None,
+        predictor: Any = None,
+        costs: StepCosts | None = None,
+        cost_aware: bool = False,
+        learn: bool | None = None,
+        keep_events: bool = False,
+    ) -> None:
+        self.model = model.model if isinstance(model, ModelDrafter) else model
+        for name, v in (("budget", budget), ("max_depth", max_depth)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+        if cost_aware and costs is None:
+            raise GenerationInputError(
+                "a cost-aware dynamic tree needs forward-time curves: pass costs= (e.g. the "
+                "CostModel of an `ersd bench calibrate` file) or use the plain dynamic policy"
+            )
+        self.budget = budget
+        self.max_depth = max_depth
+        self.predictor = MarginPredictor() if predictor is None else as_predictor(predictor)
+        self.costs = costs
+        self.cost_aware = cost_aware
+        self.learn = predictor is None if learn is None else learn
+        self.keep_events = keep_events
+        self.events: list[MarginEvent] = []
+        #: seconds spent choosing nodes (predictor and planner, not the races or forwards)
+        self.policy_seconds = 0.0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    @property
+    def depth_cap(self) -> int:
+        return self.max_depth if self.max_depth is not None else self.budget
+
+    @property
+    def spec(self) -> str:
+        return DynamicSpec(self.budget, self.max_depth, self.cost_aware).spec
+
+    def configured(self, spec: DynamicSpec) -> DynamicDrafter:
+        """A drafter with ``spec``'s budget, depth cap and variant, sharing this one's model,
+        predictor, costs and event list."""
+        out = DynamicDrafter(
+            self.model,
+            spec.budget,
+            max_depth=spec.max_depth,
+            predictor=self.predictor,
+            costs=self.costs,
+            cost_aware=spec.cost_aware,
+            learn=self.learn,
+            keep_events=self.keep_events,
+        )
+        out.events = self.events
+        return out
+
+    def start_drafting(self, prompt: Sequence[int]) -> DynamicDraftSession:
+        return DynamicDraftSession(self.model.start(list(prompt)), self)
+
+    def _on_event(self, ev: MarginEvent) -> None:
+        if self.learn:
+            self.predictor.update(ev.depth, ev.margin, ev.rank)
+        if self.keep_events:
+            self.events.append(ev)
+
+    def __repr__(self) -> str:
+        return f"DynamicDrafter({self.model!r}, {self.spec!r})"
+
+
+class DynamicDraftSession(RaceDraftSession):
+    """One sequence's dynamic drafting: grows each step's tree round by round."""
+
+    def __init__(self, session: ModelSession, drafter: DynamicDrafter) -> None:
+        super().__init__(session, drafter._on_event)
+        self.drafter = drafter
+
+    def propose(
+        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+    ) -> Proposal:
+        self._expected: float | None = None
+        proposal = super().propose(shape, key, rule, params, noise)  # drives grow() below
+        proposal.expected_tokens = self._expected
+        return proposal
+
+    def grow(
+        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
+        """The dynamic tree as a generator of draft-model calls (the protocol of
+        :meth:`ModelDraftSession.grow`, so a batched engine can drive it): the root, then one
+        call per round.  ``shape`` is an envelope: only its depth is used (the depth cap)."""
+        cap = min(shape.depth, self.drafter.depth_cap)
+        if isinstance(rule, ERSD):
+            return (yield from self._grow_dynamic(key, params, noise, cap))
+        if isinstance(rule, GreedyRule):  # temperature 0: the chain (nothing to rank)
+            chain = TreeShape.chain(min(self.drafter.budget, cap))
+            return (yield from super().grow(chain, key, rule, params, noise))
+        raise UnsupportedTreeError(
+            f"dynamic trees are grown from the draft's race, which only ERSD shares with the "
+            f"target; method {rule.name!r} needs a static tree (e.g. 'chain:4')"
+        )
+
+    def _grow_dynamic(
+        self, key: int, params: SamplingParams, noise: RaceNoise, cap: int
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
+        d = self.drafter
+        pred = d.predictor
+        tree = DraftTree.empty(key)
+        fed = {DraftTree.ROOT: -1}
+        rows = yield [], []
+        added, expected = 0, 1.0
+        draft_pred = d.costs.draft_cost(1) if d.costs is not None else 0.0
+        fresh = [(DraftTree.ROOT, rows[0], 1.0)]
+        self._races = {}
+        while fresh:
+            for ctx, logits, reach in fresh:
+                race = self._race_at(
+                    tree, ctx, logits, min(pred.max_rank, d.budget - added), params, noise
+                )
+                race.reach = reach
+                t0 = time.perf_counter()
+                race.accept = pred.predict(race.depth, race.margin)[: len(race.tokens)]
+                d.policy_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            by_ctx = self._races
+            open_ = [
+                OpenContext(c, r.reach, r.accept, r.children, r.depth)
+                for c, r in by_ctx.items()
+                if r.children < len(r.tokens)
+            ]
+            cost = (
+                CostState(d.costs, added, expected, draft_pred)
+                if d.cost_aware and d.costs is not None
+                else None
+            )
+            plan = plan_round(open_, d.budget - added, cap, pred.depth_prior, cost)
+            d.policy_seconds += time.perf_counter() - t0
+            new: list[int] = []
+            for (ctx, i), value in zip(plan.add, plan.values, strict=True):
+                race = by_ctx[ctx]
+                new.append(tree.add_child(ctx, race.tokens[i]))
+                race.children += 1
+                expected += value
+            added += len(new)
+            feed = [new[j] for j in plan.feed]
+            if not feed:
+                break
+            base = len(fed) - 1
+            rows = yield (
+                [tree.token_ending(c) for c in feed],
+                [fed[tree.parent_context(c)] for c in feed],
+            )
+            for r, c in enumerate(feed):
+                fed[c] = base + r
+            if d.costs is not None:
+                draft_pred += d.costs.draft_cost(len(feed))
+            fresh = [(c, rows[1 + j], plan.values[plan.feed[j]]) for j, c in enumerate(feed)]
+        self._fed = fed
+        self._expected = expected
+        return tree
+
+
+def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Drafter | None, Any]:
+    """Hook of :func:`ersd.generate`: for a ``dynamic[-cost]:K[@D]`` spec, the drafter that grows
+    it and the envelope shape (a chain of the depth cap); other specs pass through."""
+    spec = parse_dynamic(tree)
+    if spec is None or drafter is None:
+        return drafter, tree
+    from ersd.methods import get_method
+
+    if not isinstance(get_method(method), ERSD):
+        raise UnsupportedTreeError(
+            f"tree {tree!r}: dynamic trees are grown from the draft's race, which only ERSD "
+            "shares with the target; use method='ersd' or a static tree such as 'chain:4'"
+        )
+    if isinstance(drafter, DynamicDrafter):
+        out = drafter.configured(spec)
+    elif isinstance(drafter, ModelDrafter):
+        if spec.cost_aware:
+            raise GenerationInputError(
+                f"tree {tree!r} is cost-aware and needs forward-time curves: pass "
+                "draft=ersd.drafting.DynamicDrafter(model, costs=...) (e.g. the CostModel of an "
+                "`ersd bench calibrate` file)"
+            )
+        out = DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
+    else:
+        raise GenerationInputError(
+            f"tree {tree!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
+            f"{type(drafter).__name__}"
+        )
+    return out, TreeShape.chain(out.depth_cap)
+
+
+def tree_label(tree: Any, draft: Any) -> Any:
+    """The tree a result is labelled with: the dynamic spec when a dynamic drafter drafts."""
+    if isinstance(draft, DynamicDrafter) and parse_dynamic(tree) is None:
+        return draft.spec
+    spec = parse_dynamic(tree)
+    return spec.spec if spec is not None else tree
+
+
+__all__ = [
+    "DynamicDraftSession",
+    "DynamicDrafter",
+    "DynamicSpec",
+    "MarginEvent",
+    "MarginRecorder",
+    "RaceDraftSession",
+    "as_predictor",
+    "dynamic_tree",
+    "parse_dynamic",
+    "tree_label",
+]

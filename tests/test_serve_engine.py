@@ -4,6 +4,7 @@ end-to-end tests are in test_serve.py."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -90,8 +91,51 @@ def server() -> Iterator[str]:
         assert not thread.is_alive(), "server did not shut down"
 
 
+def test_graceful_shutdown_lets_a_stream_in_flight_finish() -> None:
+    target, draft = _models()
+    slow = ersd.FunctionModel(lambda s: (time.sleep(0.01), _logits(s, 0))[1], VOCAB, max_length=48)
+    slow.tokenizer, slow.eos_token_ids = target.tokenizer, [EOS]  # type: ignore[attr-defined]
+    app = create_app(
+        slow, draft, ServeConfig(model_name="toy", tree="chain:3", shutdown_timeout=10)
+    )
+    port = _free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=11
+        )
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    with contextlib.ExitStack() as stack:
+        deadline = time.monotonic() + 30
+        while not srv.started:
+            assert time.monotonic() < deadline, "server did not start in 30 s"
+            time.sleep(0.05)
+        client = _client(f"http://127.0.0.1:{port}/v1")
+        stack.callback(client.close)
+        solo = _text(client, "ABC", seed=5, max_tokens=40)
+        stream = client.completions.create(
+            model="toy", prompt="ABC", seed=5, max_tokens=40, stream=True
+        )
+        chunks = iter(stream)
+        text = next(chunks).choices[0].text
+        srv.should_exit = True  # what SIGTERM does
+        text += "".join(c.choices[0].text for c in chunks if c.choices)
+        assert text == solo  # finished, not cut off
+        stream.close()
+        stack.callback(thread.join, 30)
+        stack.callback(setattr, srv, "should_exit", True)
+    assert not thread.is_alive(), "server did not shut down"
+
+
 def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Iterator[openai.OpenAI]:
+    with _client(server) as c:
+        yield c
 
 
 def _text(client: openai.OpenAI, prompt: str | list[int], **kw) -> str:
@@ -100,9 +144,8 @@ def _text(client: openai.OpenAI, prompt: str | list[int], **kw) -> str:
 
 
 def test_failure_in_one_request_leaves_the_others_intact(
-    server: str, caplog: pytest.LogCaptureFixture
+    server: str, client: openai.OpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = _client(server)
     specs = [("ABC", 1), ("BAD", 2), ("CE", 3)]
     solo = {s: _text(client, s[0], seed=s[1], max_tokens=40) for s in specs}
     with ThreadPoolExecutor(4) as pool:
@@ -115,8 +158,7 @@ def test_failure_in_one_request_leaves_the_others_intact(
     assert _text(client, "ABC", seed=1, max_tokens=40) == solo[("ABC", 1)]  # still serving
 
 
-def test_queue_bound_answers_429_and_keeps_serving(server: str) -> None:
-    client = _client(server)
+def test_queue_bound_answers_429_and_keeps_serving(server: str, client: openai.OpenAI) -> None:
     # 4 rows run, 4 may wait: a request for 4 more sequences than that is refused
     streams = [
         client.completions.create(model="toy", prompt="AB", n=4, max_tokens=40, stream=True,
@@ -140,8 +182,7 @@ def test_queue_bound_answers_429_and_keeps_serving(server: str) -> None:
             time.sleep(0.1)
 
 
-def test_stop_strings_and_n(server: str) -> None:
-    client = _client(server)
+def test_stop_strings_and_n(server: str, client: openai.OpenAI) -> None:
     full = _text(client, "BEAD0", seed=4, max_tokens=30)
     stop = full[5:7]
     want = full[: full.find(stop)]
@@ -157,8 +198,7 @@ def test_stop_strings_and_n(server: str) -> None:
     assert many.model_extra["ersd"]["choices"][2]["seed"] == ersd.derive_seed(4, 2)
 
 
-def test_chat_uses_the_template(server: str) -> None:
-    client = _client(server)
+def test_chat_uses_the_template(server: str, client: openai.OpenAI) -> None:
     msgs = [{"role": "user", "content": "BE"}]
     out = client.chat.completions.create(model="toy", messages=msgs, seed=3, max_tokens=8)
     assert out.choices[0].message.content == _text(client, "<u>BE<a>", seed=3, max_tokens=8)

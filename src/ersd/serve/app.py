@@ -289,6 +289,8 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
         log.exception("%s: stream failed", call.id)
         err = P.ErrorDetail(message=f"internal error: {exc}", type="server_error")
         yield {"data": P.ErrorResponse(error=err).model_dump_json()}
+    finally:  # a client gone before the first event still frees its rows
+        call.app.state.serving.cancel(call.jobs)
     yield {"data": "[DONE]"}
 
 

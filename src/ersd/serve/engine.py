@@ -112,10 +112,12 @@ class ServingLoop:
         with self._cond:
             if self._closing:
                 raise ShuttingDownError("the server is shutting down; retry on another instance")
-            if len(self._pending) + len(jobs) > self.max_queue:
+            # rows free now (or at the next step) take work before the queue counts
+            free = max(self.max_batch_size - len(self._running), 0)
+            if len(self._pending) + len(jobs) > self.max_queue + free:
                 raise QueueFullError(
-                    f"the server's queue is full ({len(self._pending)} sequences waiting, bound "
-                    f"{self.max_queue}); retry shortly"
+                    f"the server's queue is full ({len(self._running)} sequences running, "
+                    f"{len(self._pending)} waiting, bound {self.max_queue}); retry shortly"
                 )
             self._pending.extend(jobs)
             self._cond.notify()

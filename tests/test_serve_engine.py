@@ -155,6 +155,9 @@ def test_failure_in_one_request_leaves_the_others_intact(
             bad.result(timeout=60)
         assert [f.result(timeout=60) for f in good] == [solo[s] for s in specs]
     assert "isolating the failing request" in caplog.text  # it failed inside a shared step
+    stream = client.completions.create(model="toy", prompt=[34, POISON], max_tokens=5, stream=True)
+    with pytest.raises(openai.APIError, match="poisoned context"):  # an error event in the stream
+        list(stream)
     assert _text(client, "ABC", seed=1, max_tokens=40) == solo[("ABC", 1)]  # still serving
 
 
@@ -169,6 +172,8 @@ def test_queue_bound_answers_429_and_keeps_serving(server: str, client: openai.O
         with pytest.raises(openai.RateLimitError) as info:
             client.completions.create(model="toy", prompt="AB", max_tokens=4)
         assert info.value.body["code"] == "queue_full"
+        with pytest.raises(openai.BadRequestError, match="at most 8"):  # can never fit: not a 429
+            client.completions.create(model="toy", prompt="AB", max_tokens=4, n=9)
     finally:
         for s in streams:
             s.close()

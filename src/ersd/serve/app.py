@@ -88,6 +88,14 @@ class _Call:
     def submit(self) -> None:
         serving: ServingLoop = self.app.state.serving
         metrics: Metrics = self.app.state.metrics
+        capacity = serving.max_batch_size + serving.max_queue
+        if len(self.jobs) > capacity:
+            raise ApiError(
+                400,
+                f"n: {len(self.jobs)} choices can never fit this server ({serving.max_batch_size} "
+                f"rows + {serving.max_queue} queued); ask for at most {capacity}",
+                param="n",
+            )
         try:
             serving.submit(self.jobs)
         except QueueFullError as exc:
@@ -232,7 +240,9 @@ async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any
         finish[i] = reason or finish[i]
     if any(f is None for f in finish):  # the client left; nobody reads this
         return Response(status_code=499)
-    common = dict(id=call.id, created=call.created, model=plan.model_name, usage=call.usage())
+    common: dict[str, Any] = dict(
+        id=call.id, created=call.created, model=plan.model_name, usage=call.usage()
+    )
     if kind == "completion":
         return P.Completion(
             **common,
@@ -254,7 +264,7 @@ async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any
 
 async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
     chat = call.kind == "chat"
-    head = dict(id=call.id, created=call.created, model=plan.model_name)
+    head: dict[str, Any] = dict(id=call.id, created=call.created, model=plan.model_name)
 
     def chunk(i: int, text: str | None, reason: str | None, *, role: bool = False) -> Any:
         if chat:

@@ -158,17 +158,21 @@ class ServingLoop:
                 if self._stop:
                     return
                 self._pending = deque(j for j in self._pending if not j.cancelled)
-                admit = []
+                admit: list[Job] = []
                 while self._pending and len(self._running) + len(admit) < self.max_batch_size:
                     admit.append(self._pending.popleft())
-            for rid, job in list(self._running.items()):
-                if job.cancelled:
-                    self.engine.cancel(rid)
-                    del self._running[rid]
-            for job in admit:
-                self._add(self.engine, job)
-            if self._running:
-                self._step()
+            try:
+                for rid, job in list(self._running.items()):
+                    if job.cancelled:
+                        self.engine.cancel(rid)
+                        del self._running[rid]
+                for job in admit:
+                    self._add(self.engine, job)
+                if self._running:
+                    self._step()
+            except Exception:  # a bug outside the engine step: log it, keep the loop alive
+                log.exception("serving loop error")
+                time.sleep(0.1)
 
     def _add(self, engine: BatchEngine, job: Job) -> int | None:
         prompt, params = job.add_args()

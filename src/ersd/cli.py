@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "models": "ersd.commands.models:models",
     "theory": "ersd.commands.theory:theory",
     "bench": "ersd.commands.bench:bench",
+    "serve": "ersd.commands.serve:serve",
 }
 
 _HELP = {
@@ -23,6 +24,7 @@ _HELP = {
     "models": "List and prepare the bundled offline model weights.",
     "theory": "Acceptance, rank distributions, bounds and optimal trees (tables and figures).",
     "bench": "Run benchmarks and report them.",
+    "serve": "Serve a model over an OpenAI-compatible HTTP API (streaming, continuous batching).",
 }
 
 

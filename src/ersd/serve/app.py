@@ -1,0 +1,396 @@
+"""The FastAPI application: OpenAI-compatible routes over the :class:`ServingLoop`.
+
+``create_app(target, draft, config)`` takes loaded models (a target with ``.tokenizer`` and
+``.eos_token_ids``, e.g. from :func:`ersd.load_model`, and a draft model, drafter or ``None``).
+Request checking lives in :mod:`ersd.serve.requests`; this module wires HTTP, streaming (SSE via
+``sse-starlette``), errors, logging and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ersd.results import GenerationResult, StepRecord
+from ersd.serve import protocol as P
+from ersd.serve.engine import Failed, Job, QueueFullError, ServingLoop, ShuttingDownError
+from ersd.serve.metrics import CONTENT_TYPE, Metrics
+from ersd.serve.requests import ApiError, Plan, ServeConfig, context_window, plan_request
+from ersd.serve.text import TextStream, chat_ids, prompt_ids
+
+log = logging.getLogger("ersd.serve")
+
+#: OpenAI finish reasons for ERSD's (the context window counts as "length", as in vLLM)
+FINISH = {"eos": "stop", "length": "length", "context": "length", "stop": "stop"}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    body = P.ErrorResponse(
+        error=P.ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
+    )
+    return JSONResponse(body.model_dump(), status_code=exc.status, headers=exc.headers)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return ApiError(400, f"the request body is not valid JSON: {err.get('msg')}")
+    param = ".".join(loc) or None
+    got = err.get("input")
+    shown = "" if got is None or isinstance(got, dict) else f" (got {got!r:.80})"
+    where = f"{param}: " if param else "request body: "
+    hint = " See the API reference in docs/serve.md." if param is None else ""
+    return ApiError(400, f"{where}{err.get('msg')}{shown}.{hint}", param=param)
+
+
+class _Choice:
+    """Handler-side state of one choice: its text stream, records and finish reason."""
+
+    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
+        self.text = TextStream(tokenizer, stops)
+        self.records: list[StepRecord] = []
+        self.finish: str | None = None  # ERSD's reason: eos, length, context, stop
+
+
+class _Call:
+    """One request in flight: its jobs, their event queue and the per-choice state."""
+
+    def __init__(self, app: FastAPI, plan: Plan, kind: str) -> None:
+        self.app, self.plan, self.kind = app, plan, kind
+        self.id = P.new_id("cmpl" if kind == "completion" else "chatcmpl")
+        self.created = P.now()
+        self.t0 = time.perf_counter()
+        self.first_token: float | None = None
+        self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        tok = app.state.target.tokenizer
+        self.choices = [_Choice(tok, plan.stops) for _ in plan.seeds]
+        loop = asyncio.get_running_loop()
+
+        def sink(i: int) -> Any:
+            return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
+
+        self.jobs = [
+            Job(list(plan.prompt), plan.job_params(seed), sink(i))
+            for i, seed in enumerate(plan.seeds)
+        ]
+
+    def submit(self) -> None:
+        serving: ServingLoop = self.app.state.serving
+        metrics: Metrics = self.app.state.metrics
+        capacity = serving.max_batch_size + serving.max_queue
+        if len(self.jobs) > capacity:
+            raise ApiError(
+                400,
+                f"n: {len(self.jobs)} choices can never fit this server ({serving.max_batch_size} "
+                f"rows + {serving.max_queue} queued); ask for at most {capacity}",
+                param="n",
+            )
+        try:
+            serving.submit(self.jobs)
+        except QueueFullError as exc:
+            metrics.rejected.labels(metrics.model_name, "queue_full").inc()
+            raise ApiError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+        except ShuttingDownError as exc:
+            metrics.rejected.labels(metrics.model_name, "shutting_down").inc()
+            raise ApiError(
+                503, str(exc), type="service_unavailable", code="shutting_down"
+            ) from None
+        metrics.prompt_tokens.labels(metrics.model_name).inc(len(self.plan.prompt) * len(self.jobs))
+
+    async def events(self, request: Request | None) -> AsyncIterator[tuple[int, str, str | None]]:
+        """``(choice, new text, OpenAI finish reason or None)`` as steps arrive.  ``request``:
+        poll it for a client that left (non-streaming; SSE watches that itself)."""
+        serving: ServingLoop = self.app.state.serving
+        pending = set(range(len(self.jobs)))
+        try:
+            while pending:
+                try:
+                    i, ev = await asyncio.wait_for(self.queue.get(), timeout=1.0)
+                except TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        log.info("%s: client disconnected; request cancelled", self.id)
+                        return
+                    continue
+                if i not in pending:
+                    continue
+                if isinstance(ev, Failed):
+                    raise ApiError(ev.status, ev.message, type=_error_type(ev.status))
+                ch = self.choices[i]
+                if self.first_token is None and ev.tokens:
+                    self.first_token = time.perf_counter() - self.t0
+                ch.records.append(ev)
+                delta = ch.text.add(ev.tokens)
+                if ch.text.stopped:
+                    ch.finish = "stop"
+                    serving.cancel([self.jobs[i]])
+                elif ev.finish_reason is not None:
+                    ch.finish = ev.finish_reason
+                    delta += ch.text.flush()
+                if ch.finish is not None:
+                    pending.discard(i)
+                yield i, delta, (FINISH[ch.finish] if ch.finish else None)
+        finally:
+            serving.cancel(self.jobs)  # frees the rows of a client that left (no-op if done)
+
+    def results(self) -> list[GenerationResult]:
+        p = self.plan
+        return [
+            GenerationResult.from_steps(
+                ch.records,
+                method=p.method,
+                tree=p.shape,
+                wall_time=time.perf_counter() - self.t0,
+            )
+            for ch in self.choices
+        ]
+
+    def usage(self) -> P.Usage:
+        done = sum(len(ch.text.tokens) for ch in self.choices)
+        prompt = len(self.plan.prompt)
+        return P.Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
+
+    def info(self) -> P.ErsdInfo:
+        """The ``ersd`` extension; also logs the request and records its metrics."""
+        res = self.results()
+        latency = time.perf_counter() - self.t0
+        stats = [
+            P.ChoiceStats(
+                index=i,
+                seed=seed,
+                finish_reason=ch.finish or "unfinished",
+                num_tokens=len(r.tokens),
+                target_calls=r.target_calls,
+                num_draft_tokens=r.num_draft_tokens,
+                num_accepted_tokens=r.num_accepted_tokens,
+                block_efficiency=r.block_efficiency,
+                acceptance_rate=r.acceptance_rate,
+            )
+            for i, (ch, r, seed) in enumerate(zip(self.choices, res, self.plan.seeds, strict=True))
+        ]
+        tokens = sum(len(r.tokens) for r in res)
+        calls = sum(r.target_calls for r in res)
+        drafted = sum(r.num_draft_tokens for r in res)
+        accepted = sum(r.num_accepted_tokens for r in res)
+        info = P.ErsdInfo(
+            method=self.plan.method,
+            tree=res[0].tree,
+            target_calls=calls,
+            num_draft_tokens=drafted,
+            num_accepted_tokens=accepted,
+            block_efficiency=tokens / calls if calls else 0.0,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            latency=latency,
+            choices=stats,
+        )
+        m: Metrics = self.app.state.metrics
+        for ch in self.choices:
+            m.success.labels(m.model_name, FINISH.get(ch.finish or "", "abort")).inc()
+        m.e2e.labels(m.model_name).observe(latency)
+        if self.first_token is not None:
+            m.ttft.labels(m.model_name).observe(self.first_token)
+        log.info(
+            "%s %s n=%d prompt=%d tokens=%d target_calls=%d block_efficiency=%.2f "
+            "ttft=%.3fs latency=%.3fs finish=%s",
+            self.id,
+            self.kind,
+            len(self.jobs),
+            len(self.plan.prompt),
+            tokens,
+            calls,
+            info.block_efficiency,
+            self.first_token or 0.0,
+            latency,
+            ",".join(ch.finish or "-" for ch in self.choices),
+        )
+        return info
+
+
+def _error_type(status: int) -> str:
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any:
+    call = _Call(app, plan, kind)
+    call.submit()
+    if plan.stream:
+        return EventSourceResponse(
+            _stream(call, plan), shutdown_grace_period=app.state.config.shutdown_timeout
+        )
+    texts = [""] * len(call.jobs)
+    finish: list[str | None] = [None] * len(call.jobs)
+    async for i, delta, reason in call.events(request):
+        texts[i] += delta
+        finish[i] = reason or finish[i]
+    if any(f is None for f in finish):  # the client left; nobody reads this
+        return Response(status_code=499)
+    common: dict[str, Any] = dict(
+        id=call.id, created=call.created, model=plan.model_name, usage=call.usage()
+    )
+    if kind == "completion":
+        return P.Completion(
+            **common,
+            choices=[
+                P.CompletionChoice(index=i, text=t, finish_reason=f)
+                for i, (t, f) in enumerate(zip(texts, finish, strict=True))
+            ],
+            ersd=call.info(),
+        )
+    return P.ChatCompletion(
+        **common,
+        choices=[
+            P.ChatChoice(index=i, message=P.AssistantMessage(content=t), finish_reason=f)
+            for i, (t, f) in enumerate(zip(texts, finish, strict=True))
+        ],
+        ersd=call.info(),
+    )
+
+
+async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
+    chat = call.kind == "chat"
+    head: dict[str, Any] = dict(id=call.id, created=call.created, model=plan.model_name)
+
+    def chunk(i: int, text: str | None, reason: str | None, *, role: bool = False) -> Any:
+        if chat:
+            delta = P.Delta(role="assistant" if role else None, content=text)
+            return P.ChatCompletionChunk(
+                **head, choices=[P.ChatChunkChoice(index=i, delta=delta, finish_reason=reason)]
+            )
+        return P.Completion(
+            **head, choices=[P.CompletionChoice(index=i, text=text or "", finish_reason=reason)]
+        )
+
+    try:
+        if chat:
+            for i in range(len(call.jobs)):
+                yield {"data": chunk(i, "", None, role=True).model_dump_json(exclude_none=True)}
+        left = len(call.jobs)
+        async for i, delta, reason in call.events(None):
+            if not delta and reason is None:
+                continue
+            c = chunk(i, delta or None, reason)
+            left -= reason is not None
+            if reason is not None and left == 0:  # the last chunk carries the statistics
+                c.ersd = call.info()
+            yield {"data": c.model_dump_json(exclude_none=True)}
+        if plan.include_usage:
+            cls: Any = P.ChatCompletionChunk if chat else P.Completion
+            yield {"data": cls(**head, choices=[], usage=call.usage()).model_dump_json()}
+    except ApiError as exc:
+        err = P.ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
+        yield {"data": P.ErrorResponse(error=err).model_dump_json()}
+    except Exception as exc:
+        log.exception("%s: stream failed", call.id)
+        err = P.ErrorDetail(message=f"internal error: {exc}", type="server_error")
+        yield {"data": P.ErrorResponse(error=err).model_dump_json()}
+    finally:  # a client gone before the first event still frees its rows
+        call.app.state.serving.cancel(call.jobs)
+    yield {"data": "[DONE]"}
+
+
+def create_app(target: Any, draft: Any, config: ServeConfig) -> FastAPI:
+    """The ASGI app serving ``target`` (speculating with ``draft``) under ``config``."""
+    metrics = Metrics(config.model_name)
+    serving = ServingLoop(
+        target,
+        draft,
+        max_batch_size=config.max_batch_size,
+        max_queue=config.max_queue,
+        on_step=metrics.on_step,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        serving.start()
+        yield
+        await asyncio.to_thread(serving.close, config.shutdown_timeout)
+
+    app = FastAPI(title="ersd", summary="OpenAI-compatible ERSD server", lifespan=lifespan)
+    app.state.target, app.state.draft, app.state.config = target, draft, config
+    app.state.serving, app.state.metrics = serving, metrics
+    app.state.started = P.now()
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status >= 500:
+            app.state.metrics.errors.labels(config.model_name).inc()
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: P.CompletionRequest, request: Request) -> Any:
+        tok = target.tokenizer
+        if isinstance(body.prompt, str):
+            ids = prompt_ids(tok, body.prompt)
+        elif body.prompt and all(isinstance(p, str) for p in body.prompt):
+            if len(body.prompt) != 1:
+                raise ApiError(
+                    400,
+                    f"prompt: one prompt per request, got {len(body.prompt)}; "
+                    "send one request per prompt (or use n for several samples)",
+                    param="prompt",
+                )
+            ids = prompt_ids(tok, str(body.prompt[0]))
+        else:
+            ids = [int(t) for t in body.prompt]
+        plan = plan_request(body, ids, target=target, draft=draft, config=config, chat=False)
+        return await _respond(app, request, plan, "completion")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: P.ChatCompletionRequest, request: Request) -> Any:
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            ids = chat_ids(target.tokenizer, messages)
+        except ApiError:
+            raise
+        except Exception as exc:  # template errors (e.g. roles that must alternate)
+            raise ApiError(400, f"messages: {exc}", param="messages") from None
+        plan = plan_request(body, ids, target=target, draft=draft, config=config, chat=True)
+        return await _respond(app, request, plan, "chat")
+
+    @app.get("/v1/models")
+    async def models() -> P.ModelList:
+        card = P.ModelCard(
+            id=config.model_name, created=app.state.started, max_model_len=context_window(target)
+        )
+        return P.ModelList(data=[card])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = serving._thread is not None and serving._thread.is_alive()
+        body = {
+            "status": "ok" if ok else "unavailable",
+            "running": serving.num_running,
+            "waiting": serving.num_waiting,
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.set_queue(serving.num_running, serving.num_waiting)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,249 @@
+"""The serving loop: one thread drives a :class:`~ersd.batch.BatchEngine` for every request.
+
+Requests are split into jobs (one per choice).  The HTTP side :meth:`ServingLoop.submit`\\ s jobs
+and :meth:`~ServingLoop.cancel`\\ s them (a finished stop string, a client gone); the loop thread
+admits waiting jobs between steps up to ``max_batch_size`` rows, drops cancelled ones, steps the
+engine and hands every step's record to the job's ``deliver`` callback (thread-safe: the HTTP
+side passes ``loop.call_soon_threadsafe``).  A bounded waiting queue refuses work when full.
+
+Failure isolation: if a step raises, every row of that step is rebuilt from its prompt plus the
+tokens it already delivered (race keys depend only on the seed and the context, so the rebuilt
+row continues with exactly the tokens the old one would have produced) and stepped once alone;
+a row that fails alone gets an error, the others rejoin the batch.  One bad request never stops
+the others or the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ersd.batch import BatchEngine
+from ersd.errors import ErsdError
+from ersd.results import StepRecord
+
+log = logging.getLogger("ersd.serve")
+
+
+class QueueFullError(Exception):
+    """The waiting queue is full: the client should retry later (HTTP 429)."""
+
+
+class ShuttingDownError(Exception):
+    """The server is shutting down and takes no new work (HTTP 503)."""
+
+
+@dataclass
+class Failed:
+    """A job ended with an error (``status``: the HTTP status it corresponds to)."""
+
+    message: str
+    status: int = 500
+
+
+Event = StepRecord | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """One sequence (one choice of a request): prompt, engine settings, delivery callback."""
+
+    prompt: list[int]
+    params: dict[str, Any]  # BatchEngine.add keywords (max_new_tokens, seed, method, ...)
+    deliver: Callable[[Event], None]
+    tokens: list[int] = field(default_factory=list)  # tokens delivered so far
+    cancelled: bool = False
+    finished: bool = False
+
+    def add_args(self) -> tuple[list[int], dict[str, Any]]:
+        """Arguments of ``BatchEngine.add`` that continue this job from what it delivered."""
+        params = dict(self.params)
+        params["max_new_tokens"] = self.params["max_new_tokens"] - len(self.tokens)
+        return self.prompt + self.tokens, params
+
+
+class ServingLoop:
+    """Continuous batching over a :class:`BatchEngine` in one background thread."""
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any,
+        *,
+        max_batch_size: int = 8,
+        max_queue: int = 64,
+        on_step: Callable[[list[StepRecord], float], None] | None = None,
+    ) -> None:
+        self.engine = BatchEngine(target, draft)
+        self.target = target
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.on_step = on_step  # metrics hook: (records of a step, its seconds)
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._running: dict[int, Job] = {}  # engine row id -> job (loop thread only)
+        self._closing = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.failures = 0
+
+    # -- called from the HTTP side ---------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._pending)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ersd-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Queue the jobs of one request, all or none."""
+        with self._cond:
+            if self._closing:
+                raise ShuttingDownError("the server is shutting down; retry on another instance")
+            # rows free now (or at the next step) take work before the queue counts
+            free = max(self.max_batch_size - len(self._running), 0)
+            if len(self._pending) + len(jobs) > self.max_queue + free:
+                raise QueueFullError(
+                    f"the server's queue is full ({len(self._running)} sequences running, "
+                    f"{len(self._pending)} waiting, bound {self.max_queue}); retry shortly"
+                )
+            self._pending.extend(jobs)
+            self._cond.notify()
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """Drop jobs (finished by a stop string, or their client left); rows free at the next
+        step."""
+        with self._cond:
+            for job in jobs:
+                job.cancelled = True
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop taking work, let running and waiting jobs finish for up to ``timeout`` seconds,
+        then end the rest with an error and stop the thread."""
+        with self._cond:
+            self._closing = True
+        deadline = time.monotonic() + timeout
+        while (self._pending or self._running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=max(timeout, 1.0) + 30.0)
+        for job in list(self._pending) + list(self._running.values()):
+            self._fail(job, "the server shut down before this request finished", 503)
+        self._pending.clear()
+        self._running.clear()
+
+    # -- the loop thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._pending or self._running):
+                    self._cond.wait()
+                if self._stop:
+                    return
+                self._pending = deque(j for j in self._pending if not j.cancelled)
+                admit: list[Job] = []
+                while self._pending and len(self._running) + len(admit) < self.max_batch_size:
+                    admit.append(self._pending.popleft())
+            try:
+                for rid, job in list(self._running.items()):
+                    if job.cancelled:
+                        self.engine.cancel(rid)
+                        del self._running[rid]
+                for job in admit:
+                    self._add(self.engine, job)
+                if self._running:
+                    self._step()
+            except Exception:  # a bug outside the engine step: log it, keep the loop alive
+                log.exception("serving loop error")
+                time.sleep(0.1)
+
+    def _add(self, engine: BatchEngine, job: Job) -> int | None:
+        prompt, params = job.add_args()
+        try:
+            rid = engine.add(prompt, **params)
+        except ErsdError as exc:
+            self._fail(job, str(exc), 400)
+            return None
+        except Exception as exc:
+            log.exception("could not start a request")
+            self._fail(job, f"internal error starting the request: {exc}", 500)
+            return None
+        if engine is self.engine:
+            self._running[rid] = job
+        return rid
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self.engine.step()
+        except Exception:
+            log.exception("an engine step failed; isolating the failing request(s)")
+            self.failures += 1
+            self._recover()
+            return
+        self.steps += 1
+        for rid, rec, res in out:
+            job = self._running[rid]
+            self._deliver(job, rec)
+            if res is not None:
+                del self._running[rid]
+        if self.on_step is not None:
+            self.on_step([rec for _, rec, _ in out], time.perf_counter() - t0)
+
+    def _deliver(self, job: Job, rec: StepRecord) -> None:
+        job.tokens.extend(rec.tokens)
+        if rec.finish_reason is not None:
+            job.finished = True
+        try:
+            job.deliver(rec)
+        except Exception:
+            log.debug("could not deliver a step record", exc_info=True)
+
+    def _fail(self, job: Job, message: str, status: int) -> None:
+        if job.finished:
+            return
+        job.finished = True
+        try:
+            job.deliver(Failed(message, status))
+        except Exception:
+            log.debug("could not deliver a failure", exc_info=True)
+
+    def _recover(self) -> None:
+        """Rebuild every row of a failed step and step each once alone (see the module doc)."""
+        jobs = list(self._running.values())
+        for rid in list(self._running):
+            self.engine.cancel(rid)
+        self._running.clear()
+        for job in jobs:
+            if job.cancelled:
+                continue
+            probe = BatchEngine(self.target, self.engine.drafter)
+            if self._add(probe, job) is None:
+                continue
+            try:
+                out = probe.step()
+            except Exception as exc:
+                log.exception("request failed alone; ending it with an error")
+                self._fail(job, f"internal error while generating: {exc}", 500)
+                continue
+            for _, rec, _ in out:
+                self._deliver(job, rec)
+            if not job.finished:
+                self._add(self.engine, job)

@@ -1,0 +1,253 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic models).
+
+Standard fields follow the OpenAI API; ERSD's own knobs are extra body fields (``method``,
+``tree``, ``top_k``, ``min_p``; with the ``openai`` client pass them in ``extra_body``).
+Fields OpenAI defines but ERSD does not implement are accepted only at their neutral value, so a
+request never silently means something else.  Responses carry the usual ``usage`` and an ``ersd``
+extension with the speculation statistics.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+#: most stop strings one request may give
+MAX_STOP = 16
+#: most choices (``n``) one request may ask for
+MAX_N = 16
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _Request(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    user: str | None = None
+    # ERSD's extra body fields
+    method: str | None = None
+    tree: str | None = None
+    top_k: StrictInt | None = Field(default=None, ge=1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    # OpenAI fields accepted only at their neutral value (see unsupported())
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return stops
+
+    def stops(self) -> list[str]:
+        return list(self.stop or [])
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) of the first field set to a value ERSD does not implement."""
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                return name, f"{name} is not supported by ersd serve; leave it unset or 0"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported by ersd serve; leave it unset"
+        if self.logprobs not in (None, False, 0):
+            return "logprobs", "logprobs are not supported by ersd serve; leave it unset"
+        return None
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: one prompt (a string, or a list of token ids)."""
+
+    prompt: str | list[str] | list[StrictInt]
+    echo: StrictBool = False
+    suffix: str | None = None
+    best_of: StrictInt | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not supported by ersd serve; leave it unset or false"
+        if self.suffix:
+            return "suffix", "suffix is not supported by ersd serve; leave it unset"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of", "best_of is not supported by ersd serve; use n instead"
+        return super().unsupported()
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """The message's text (content parts of type ``text`` joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``: messages rendered with the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
+# --- responses -------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChoiceStats(BaseModel):
+    """Speculation statistics of one choice (the ``ersd`` extension)."""
+
+    index: int
+    seed: int
+    finish_reason: str  # ERSD's: eos, length, context, stop
+    num_tokens: int
+    target_calls: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    block_efficiency: float
+    acceptance_rate: float
+
+
+class ErsdInfo(BaseModel):
+    """The ``ersd`` extension field: settings used and speculation statistics."""
+
+    method: str
+    tree: str | None
+    target_calls: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    block_efficiency: float  # tokens per target call, over all choices
+    acceptance_rate: float
+    latency: float  # seconds from arrival to the last choice's end
+    choices: list[ChoiceStats]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    ersd: ErsdInfo | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    ersd: ErsdInfo | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    ersd: ErsdInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ersd"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

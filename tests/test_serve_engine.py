@@ -1,0 +1,233 @@
+"""The server on weight-free models (in-process uvicorn, real ``openai`` client): failure
+isolation, queue bound, stop strings and n, plus :class:`TextStream` on its own.  The real-model
+end-to-end tests are in test_serve.py."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import torch
+import uvicorn
+
+import ersd
+from ersd.serve import ServeConfig, create_app
+from ersd.serve.text import TextStream
+
+VOCAB = 40
+POISON = 39  # a prompt holding this token makes the target raise (an internal failure)
+EOS = 0
+
+
+class CharTokenizer:
+    """Characters from " " <-> ids 1..38 (clipped); id 39 is POISON, id 0 EOS (not decoded)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [min(max(ord(c) - 31, 1), POISON - 1) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(t + 31) for t in ids if t != EOS)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True):
+        text = "".join(f"<{m['role'][0]}>{m['content']}" for m in messages)
+        return self.encode(text + ("<a>" if add_generation_prompt else ""))
+
+
+def _logits(seqs: list[list[int]], salt: int) -> torch.Tensor:
+    rows = []
+    for s in seqs:
+        if POISON in s:
+            raise RuntimeError("poisoned context")
+        g = torch.Generator().manual_seed(hash((tuple(s[-3:]), salt)) & 0xFFFFFFFF)
+        row = torch.randn(VOCAB, generator=g) * 2.0
+        row[EOS] -= 4.0  # rare EOS
+        row[POISON] = -1e9  # never generated: only a prompt can hold it
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def _models() -> tuple[ersd.FunctionModel, ersd.FunctionModel]:
+    target = ersd.FunctionModel(lambda s: _logits(s, 0), VOCAB, max_length=48)
+    target.tokenizer = CharTokenizer()  # type: ignore[attr-defined]
+    target.eos_token_ids = [EOS]  # type: ignore[attr-defined]
+    draft = ersd.FunctionModel(lambda s: _logits(s, 0) + 0.5 * _logits(s, 1), VOCAB)
+    return target, draft
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    target, draft = _models()
+    config = ServeConfig(
+        model_name="toy", tree="chain:3", max_batch_size=4, max_queue=4, shutdown_timeout=2
+    )
+    port = _free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(target, draft, config), host="127.0.0.1", port=port,
+                       log_level="warning")
+    )  # fmt: skip
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline, "server did not start in 30 s"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "server did not shut down"
+
+
+def test_graceful_shutdown_lets_a_stream_in_flight_finish() -> None:
+    target, draft = _models()
+    slow = ersd.FunctionModel(lambda s: (time.sleep(0.01), _logits(s, 0))[1], VOCAB, max_length=48)
+    slow.tokenizer, slow.eos_token_ids = target.tokenizer, [EOS]  # type: ignore[attr-defined]
+    app = create_app(
+        slow, draft, ServeConfig(model_name="toy", tree="chain:3", shutdown_timeout=10)
+    )
+    port = _free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=11
+        )
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    with contextlib.ExitStack() as stack:
+        deadline = time.monotonic() + 30
+        while not srv.started:
+            assert time.monotonic() < deadline, "server did not start in 30 s"
+            time.sleep(0.05)
+        client = _client(f"http://127.0.0.1:{port}/v1")
+        stack.callback(client.close)
+        solo = _text(client, "ABC", seed=5, max_tokens=40)
+        stream = client.completions.create(
+            model="toy", prompt="ABC", seed=5, max_tokens=40, stream=True
+        )
+        chunks = iter(stream)
+        text = next(chunks).choices[0].text
+        srv.should_exit = True  # what SIGTERM does
+        text += "".join(c.choices[0].text for c in chunks if c.choices)
+        assert text == solo  # finished, not cut off
+        stream.close()
+        stack.callback(thread.join, 30)
+        stack.callback(setattr, srv, "should_exit", True)
+    assert not thread.is_alive(), "server did not shut down"
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Iterator[openai.OpenAI]:
+    with _client(server) as c:
+        yield c
+
+
+def _text(client: openai.OpenAI, prompt: str | list[int], **kw) -> str:
+    out = client.completions.create(model="toy", prompt=prompt, **kw)
+    return out.choices[0].text
+
+
+def test_failure_in_one_request_leaves_the_others_intact(
+    server: str, client: openai.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    specs = [("ABC", 1), ("BAD", 2), ("CE", 3)]
+    solo = {s: _text(client, s[0], seed=s[1], max_tokens=40) for s in specs}
+    with ThreadPoolExecutor(4) as pool:
+        good = [pool.submit(_text, client, p, seed=sd, max_tokens=40) for p, sd in specs]
+        bad = pool.submit(_text, client, [34, POISON], seed=9, max_tokens=12)  # token ids
+        with pytest.raises(openai.InternalServerError, match="poisoned context"):
+            bad.result(timeout=60)
+        assert [f.result(timeout=60) for f in good] == [solo[s] for s in specs]
+    assert "isolating the failing request" in caplog.text  # it failed inside a shared step
+    stream = client.completions.create(model="toy", prompt=[34, POISON], max_tokens=5, stream=True)
+    with pytest.raises(openai.APIError, match="poisoned context"):  # an error event in the stream
+        list(stream)
+    assert _text(client, "ABC", seed=1, max_tokens=40) == solo[("ABC", 1)]  # still serving
+
+
+def test_queue_bound_answers_429_and_keeps_serving(server: str, client: openai.OpenAI) -> None:
+    # 4 rows run, 4 may wait: a request for 4 more sequences than that is refused
+    streams = [
+        client.completions.create(model="toy", prompt="AB", n=4, max_tokens=40, stream=True,
+                                  temperature=1.0, seed=i)
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        with pytest.raises(openai.RateLimitError) as info:
+            client.completions.create(model="toy", prompt="AB", max_tokens=4)
+        assert info.value.body["code"] == "queue_full"
+        with pytest.raises(openai.BadRequestError, match="at most 8"):  # can never fit: not a 429
+            client.completions.create(model="toy", prompt="AB", max_tokens=4, n=9)
+    finally:
+        for s in streams:
+            s.close()
+    deadline = time.monotonic() + 30
+    while True:  # the closed streams free their rows
+        try:
+            assert _text(client, "AB", seed=1, max_tokens=3)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "rows of closed streams were never freed"
+            time.sleep(0.1)
+
+
+def test_stop_strings_and_n(server: str, client: openai.OpenAI) -> None:
+    full = _text(client, "BEAD0", seed=4, max_tokens=30)
+    stop = full[5:7]
+    want = full[: full.find(stop)]
+    out = client.completions.create(model="toy", prompt="BEAD0", seed=4, max_tokens=30, stop=stop)
+    assert out.choices[0].text == want and out.choices[0].finish_reason == "stop"
+    stream = client.completions.create(
+        model="toy", prompt="BEAD0", seed=4, max_tokens=30, stop=[stop], stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == want
+    many = client.completions.create(model="toy", prompt="BEAD0", seed=4, n=3, max_tokens=10)
+    for i, choice in enumerate(many.choices):
+        assert choice.text == _text(client, "BEAD0", seed=ersd.derive_seed(4, i), max_tokens=10)
+    assert many.model_extra["ersd"]["choices"][2]["seed"] == ersd.derive_seed(4, 2)
+
+
+def test_chat_uses_the_template(server: str, client: openai.OpenAI) -> None:
+    msgs = [{"role": "user", "content": "BE"}]
+    out = client.chat.completions.create(model="toy", messages=msgs, seed=3, max_tokens=8)
+    assert out.choices[0].message.content == _text(client, "<u>BE<a>", seed=3, max_tokens=8)
+
+
+@pytest.mark.parametrize(
+    ("stop", "pieces", "want"),
+    [
+        (["BC"], ["A", "B", "C", "D"], "A"),
+        (["XY", "CD"], ["AB", "C", "DE"], "AB"),
+        (["B"], ["A", "<h>", "<t>", "B", "C"], "A\u00e9"),
+        ([], ["A", "<h>", "<t>", "B"], "A\u00e9B"),
+    ],
+)
+def test_text_stream_never_emits_past_a_stop(stop: list[str], pieces: list[str], want: str) -> None:
+    class Tok:  # token i decodes to pieces[i]; "<h><t>" is one character split over two tokens
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            text = "".join(pieces[i] for i in ids)
+            return text.replace("<h><t>", "\u00e9").replace("<h>", "\ufffd").replace("<t>", "")
+
+    ts = TextStream(Tok(), stop)
+    deltas = [ts.add([i]) for i in range(len(pieces))] + [ts.flush()]
+    assert "".join(deltas) == ts.text == want
+    assert ts.stopped == bool(stop)
+    for k in range(1, len(deltas) + 1):  # no prefix of the stream ever shows a stop or U+FFFD
+        assert "\ufffd" not in "".join(deltas[:k])
+        assert not any(s in "".join(deltas[:k]) for s in stop)

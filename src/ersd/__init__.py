@@ -69,6 +69,7 @@ def __dir__() -> list[str]:
 def load_model(
     name_or_path: str,
     *,
+    backend: str = "auto",
     dtype: str = "float32",
     device: str = "cpu",
     linear: str = "auto",
@@ -80,8 +81,15 @@ def load_model(
     :func:`ersd.generate`; ``dtype="int8"`` quantizes a CPU draft, ``linear`` picks the CPU
     linear-layer path (see :func:`ersd.models.hf.load_model`); ``config_overrides`` go to the model
     config (``num_hidden_layers=K`` makes a layer-truncated draft).  transformers is imported only
-    here.
+    here.  ``backend="llamacpp"`` loads a bundled name or ``.gguf`` file with llama.cpp instead
+    (:func:`ersd.models.llamacpp.load_model`; options: threads, context, exact, max_paths).
     """
+    if backend == "llamacpp":
+        from ersd.models.llamacpp import load_model as _load_gguf
+
+        return _load_gguf(name_or_path, **config_overrides)
+    if backend not in ("auto", "hf"):
+        raise ModelLoadError(f"unknown backend {backend!r}; use 'auto', 'hf' or 'llamacpp'")
     from ersd.models.hf import load_model as _load
 
     return _load(name_or_path, dtype=dtype, device=device, linear=linear, **config_overrides)

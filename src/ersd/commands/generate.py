@@ -126,6 +126,15 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "little more than 1); torch = stock nn.Linear; auto = onednn where available.",
 )
 @click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--backend",
+    default="hf",
+    show_default=True,
+    type=click.Choice(["hf", "llamacpp"]),
+    help="hf: PyTorch/transformers; llamacpp: the GGUF weights run by llama.cpp (needs the "
+    "extra: pip install 'ersd[llamacpp]'; --dtype/--linear/--device do not apply).",
+)
+@click.option("--threads", type=int, default=None, help="llamacpp: CPU threads (default: all).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option(
     "--compare",
@@ -152,6 +161,8 @@ def generate(
     draft_dtype: str | None,
     linear: str,
     device: str,
+    backend: str,
+    threads: int | None,
     chat: bool,
     compare: bool,
     as_json: bool,
@@ -168,15 +179,26 @@ def generate(
         shape = resolve_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
-        tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
-        dmodel = None
-        if draft.lower() != "none":
-            overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
-            dmodel = ersd.load_model(
-                draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
-            )
-            tmodel.same_tokenizer(dmodel)
-        onednn = " oneDNN" if tmodel.linear_backend == "onednn" else ""
+        if backend == "llamacpp":
+            if draft_layers:
+                raise click.UsageError("--draft-layers needs --backend hf")
+            tmodel = ersd.load_model(target, backend="llamacpp", threads=threads)
+            dmodel = None
+            if draft.lower() != "none":
+                dmodel = ersd.load_model(draft, backend="llamacpp", threads=threads)
+                tmodel.check_compatible(dmodel)
+            dtype = draft_dtype = "gguf"
+            device = f"llama.cpp, {tmodel.threads} threads"
+        else:
+            tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
+            dmodel = None
+            if draft.lower() != "none":
+                overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
+                dmodel = ersd.load_model(
+                    draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
+                )
+                tmodel.same_tokenizer(dmodel)
+        onednn = " oneDNN" if getattr(tmodel, "linear_backend", "") == "onednn" else ""
         log(
             f"[loaded in {time.perf_counter() - t0:.1f}s: target {target}"
             + f" ({dtype}{onednn})"
@@ -256,8 +278,9 @@ def generate(
                             "In reduced precision a batched tree forward and a one-token forward "
                             "round differently and a near-tie can flip; rerun with --dtype float32 "
                             "for the bit-exact check."
-                            if dtype != "float32"
-                            else "This should not happen in float32: please report it."
+                            if dtype not in ("float32", "gguf")
+                            else "This should not happen in float32 or with llama.cpp's exact "
+                            "batch policy: please report it."
                         )
                     )
             else:

@@ -1,0 +1,244 @@
+"""Session of a :class:`ersd.models.llamacpp.LlamaCppModel`: tree scoring with sequence ids.
+
+Cache layout and sequence ids (``P`` = ``max_paths``):
+
+* sequence 0 holds the committed tokens that were decoded;
+* sequences ``1..P`` are the root-to-leaf paths of the pending tree: a new node joins the path
+  whose deepest node is its parent, or opens a new path (copying the committed cells and its
+  already-decoded ancestors into it with ``seq_cp``); in the batch a token lists its own path
+  first (llama.cpp masks a query to its first sequence), then every path opened below it;
+* ``P + 1`` parks rejected nodes in exact mode (see :mod:`ersd.models.llamacpp`);
+* ``P + 2`` holds the padding tokens of one decode, removed right after it.
+
+A ``score`` call decodes the *uncached tail* (committed tokens never decoded: the prompt, the
+bonus token) together with the new nodes, so one target call is one ``llama_decode`` (exact mode
+splits calls of more than :data:`~ersd.models.llamacpp.EXACT_CHUNK` tokens).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ersd.errors import ErsdError, GenerationInputError
+from ersd.models.base import check_commit_args, check_tree_args
+from ersd.models.llamacpp import EXACT_CHUNK, EXACT_MULTIPLE, PAD_TOKEN
+
+if TYPE_CHECKING:
+    from ersd.models.llamacpp import LlamaCppModel, _Context
+
+# one batch entry: [token, position, sequence ids (own first), wants logits]
+_Item = list
+
+
+class LlamaCppSession:
+    """One sequence being generated; see the module docstring for the cache layout."""
+
+    def __init__(self, owner: LlamaCppModel, ctx: _Context, prompt: Sequence[int]) -> None:
+        self.owner = owner
+        self._ctx = ctx
+        self._committed: list[int] = [int(t) for t in prompt]
+        self._n_cached = 0  # committed tokens decoded into sequence 0 (a prefix)
+        self._root: np.ndarray | None = None  # logits after the committed sequence
+        self._ptok: list[int] = []  # pending tree, in decode order
+        self._ppar: list[int] = []
+        self._pdepth: list[int] = []
+        self._pseq: list[int] = []  # the path (sequence id) each node was decoded on
+        self._prow: list[np.ndarray] = []
+        self._leaf: dict[int, int] = {}  # open path -> its deepest node
+        self._free = list(range(owner.max_paths, 0, -1))  # unused path ids (pop from the end)
+        self._junk_seq = owner.max_paths + 1
+        self._pad_seq = owner.max_paths + 2
+        self._junk = 0  # cells parked in the junk sequence
+        self._used = 0  # cells holding committed, pending or parked tokens
+        self._final = weakref.finalize(self, owner.release, ctx)
+
+    @property
+    def committed(self) -> list[int]:
+        return self._committed
+
+    def close(self) -> None:
+        """Give the context back to the model now (otherwise when the session is collected)."""
+        self._final()
+
+    # -- score -------------------------------------------------------------------------------
+
+    def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        if not self._final.alive:
+            raise ErsdError("this session was closed; start a new one with model.start(prompt)")
+        tokens = [int(t) for t in tokens]
+        parents = [int(p) for p in parents]
+        num_pending = len(self._ptok)
+        check_tree_args(tokens, parents, num_pending)
+        bad = [t for t in tokens if not 0 <= t < self.owner.vocab_size]
+        if bad:
+            raise GenerationInputError(
+                f"score(): token ids {bad[:5]} are outside [0, {self.owner.vocab_size})"
+            )
+        n = len(tokens)
+        if n == 0 and self._root is not None:
+            return torch.from_numpy(self._root[None].copy())
+        depths: list[int] = []
+        for p in parents:
+            depths.append(1 if p < 0 else (self._pdepth + depths)[p] + 1)
+        length = len(self._committed)
+        top = length + max(depths, default=0)
+        if top > self.owner.max_length:
+            raise GenerationInputError(
+                f"the sequence ({length} tokens) plus a draft tree of depth {top - length} exceeds "
+                f"the context window of {self.owner.max_length} tokens; lower max_new_tokens, the "
+                "tree depth or the prompt length, or load the model with a larger context="
+            )
+        tail = self._committed[self._n_cached :]
+        self._make_room(len(tail) + n)
+        items: list[_Item] = [
+            [t, self._n_cached + j, [0], j == len(tail) - 1] for j, t in enumerate(tail)
+        ]
+        leaf, free = dict(self._leaf), list(self._free)
+        try:
+            node_seq, copies = self._assign_paths(parents, depths, items, len(tail))
+        except ErsdError:
+            self._leaf, self._free = leaf, free
+            raise
+        for i, tok in enumerate(tokens):
+            items.append([tok, length + depths[i] - 1, [node_seq[i]], True])
+        for src, dst, p0, p1 in copies:
+            self._ctx.seq_cp(src, dst, p0, p1)
+        rows = self._decode(items)
+        if tail:
+            self._root = rows[len(tail) - 1]
+            self._n_cached = length
+        self._ptok += tokens
+        self._ppar += parents
+        self._pdepth += depths
+        self._pseq += node_seq
+        node_rows = [rows[len(tail) + i] for i in range(n)]
+        self._prow += node_rows
+        assert self._root is not None
+        return torch.from_numpy(np.stack([self._root, *node_rows]))
+
+    def _assign_paths(
+        self, parents: list[int], depths: list[int], items: list[_Item], n_tail: int
+    ) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+        """Path id of each new node; adds new paths to the batch items of the tail and of
+        in-batch ancestors; returns the ``seq_cp`` calls that give a new path its decoded cells."""
+        num_pending = len(self._ptok)
+        length = len(self._committed)
+        node_seq: list[int] = []
+        copies: list[tuple[int, int, int, int]] = []
+        for i, par in enumerate(parents):
+            seq = next((s for s, leaf in self._leaf.items() if leaf == par and par >= 0), None)
+            if seq is None:
+                if not self._free:
+                    raise GenerationInputError(
+                        f"the draft tree has more than {self.owner.max_paths} root-to-leaf paths "
+                        "(llama.cpp sequence ids); load the model with a larger max_paths="
+                    )
+                seq = self._free.pop()
+                if self._n_cached:
+                    copies.append((0, seq, -1, -1))
+                for item in items[:n_tail]:
+                    item[2].append(seq)
+                anc = par
+                while anc >= num_pending:  # ancestors in this batch
+                    items[n_tail + anc - num_pending][2].append(seq)
+                    anc = parents[anc - num_pending]
+                if anc >= 0:  # deepest decoded ancestor: copy its path down to it
+                    depth = self._pdepth[anc]
+                    copies.append((self._pseq[anc], seq, length, length + depth))
+            self._leaf[seq] = num_pending + i
+            node_seq.append(seq)
+        return node_seq, copies
+
+    def _decode(self, items: list[_Item]) -> list[np.ndarray]:
+        """Decode ``items`` (padded and chunked in exact mode); logits per item (zeros where
+        none were asked for)."""
+        ctx, owner = self._ctx, self.owner
+        out: list[np.ndarray] = []
+        step = EXACT_CHUNK if owner.exact else ctx.capacity
+        empty = np.zeros(0, dtype=np.float32)
+        for start in range(0, len(items), step):
+            chunk = [(t, p, s, o) for t, p, s, o in items[start : start + step]]
+            real = len(chunk)
+            if owner.exact:
+                m = EXACT_MULTIPLE
+                outs = sum(1 for c in chunk if c[3])
+                with_logits = -outs % m
+                without = -(real + with_logits) % m
+                pads = [True] * with_logits + [False] * without
+                chunk += [(PAD_TOKEN, k, [self._pad_seq], o) for k, o in enumerate(pads)]
+            rc = ctx.decode(chunk)
+            owner.decode_calls += 1
+            owner.decoded_rows += len(chunk)
+            if len(chunk) > real:
+                ctx.seq_rm(self._pad_seq)
+            if rc != 0:
+                raise ErsdError(
+                    f"llama_decode failed with code {rc} on {len(chunk)} tokens "
+                    "(1: no room in the KV cache; negative: invalid batch); set logging for "
+                    "'ersd.llamacpp' to DEBUG for llama.cpp's message"
+                )
+            self._used += real
+            out += [ctx.logits(i) if c[3] else empty for i, c in enumerate(chunk[:real])]
+        return out
+
+    def _make_room(self, new: int) -> None:
+        """Ensure the cache has cells for ``new`` tokens plus padding; in exact mode rebuild it
+        from the committed tokens when parked cells fill it."""
+        ctx = self._ctx
+        slack = (new // EXACT_CHUNK + 1) * EXACT_MULTIPLE
+        if self._used + new + slack <= ctx.cells:
+            return
+        if self._junk and not self._ptok:
+            # drop parked cells: clear and decode the committed prefix again, in order (exact
+            # mode computes every row the same way in any batch, so the cache comes out equal)
+            ctx.clear()
+            self._used = self._junk = 0
+            prefix = self._committed[: self._n_cached]
+            self._decode([[t, j, [0], False] for j, t in enumerate(prefix)])
+            if self._used + new + slack <= ctx.cells:
+                return
+        raise GenerationInputError(
+            f"the KV cache ({ctx.cells} cells) cannot hold {new} more tokens; load the model with "
+            "a larger context= or use smaller draft trees"
+        )
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def commit(self, tokens: Sequence[int], path: Sequence[int]) -> None:
+        tokens = [int(t) for t in tokens]
+        path = [int(p) for p in path]
+        check_commit_args(tokens, path, self._ptok, self._ppar)
+        ctx = self._ctx
+        length = len(self._committed)
+        kept = set(path)
+        if path:
+            last = path[-1]
+            if self.owner.exact:
+                # rejected nodes decoded before the last accepted one sit in cells ahead of it:
+                # park them so no later token lands in a hole before older ones
+                for node in range(last):
+                    if node not in kept:
+                        pos = length + self._pdepth[node] - 1
+                        ctx.seq_cp(self._pseq[node], self._junk_seq, pos, pos + 1)
+                        self._junk += 1
+            ctx.seq_cp(self._pseq[last], 0, length, length + len(path))
+        for seq in self._leaf:
+            ctx.seq_rm(seq)
+            self._free.append(seq)
+        self._leaf.clear()
+        self._free.sort(reverse=True)
+        parked = sum(1 for node in range(path[-1]) if node not in kept) if path else 0
+        freed = len(self._ptok) - len(path) - (parked if self.owner.exact else 0)
+        self._used -= freed
+        if path:
+            self._n_cached = length + len(path)
+            self._root = self._prow[path[-1]] if len(path) == len(tokens) else None
+        elif tokens:
+            self._root = None
+        self._committed.extend(tokens)
+        self._ptok, self._ppar, self._pdepth, self._pseq, self._prow = [], [], [], [], []

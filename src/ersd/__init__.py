@@ -87,7 +87,14 @@ def load_model(
     if backend == "llamacpp":
         from ersd.models.llamacpp import load_model as _load_gguf
 
-        return _load_gguf(name_or_path, **config_overrides)
+        hf_only = {
+            "dtype": dtype != "float32",
+            "device": device != "cpu",
+            "linear": linear != "auto",
+        }
+        return _load_gguf(
+            name_or_path, **config_overrides, **{k: v for k, v in hf_only.items() if v}
+        )
     if backend not in ("auto", "hf"):
         raise ModelLoadError(f"unknown backend {backend!r}; use 'auto', 'hf' or 'llamacpp'")
     from ersd.models.hf import load_model as _load

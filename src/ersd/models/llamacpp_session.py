@@ -100,12 +100,10 @@ class LlamaCppSession:
         ]
         leaf, free = dict(self._leaf), list(self._free)
         try:
-            node_seq, copies = self._assign_paths(parents, depths, items, len(tail))
+            node_seq, copies = self._assign_paths(tokens, parents, depths, items, len(tail))
         except ErsdError:
             self._leaf, self._free = leaf, free
             raise
-        for i, tok in enumerate(tokens):
-            items.append([tok, length + depths[i] - 1, [node_seq[i]], True])
         for src, dst, p0, p1 in copies:
             self._ctx.seq_cp(src, dst, p0, p1)
         rows = self._decode(items)
@@ -122,10 +120,16 @@ class LlamaCppSession:
         return torch.from_numpy(np.stack([self._root, *node_rows]))
 
     def _assign_paths(
-        self, parents: list[int], depths: list[int], items: list[_Item], n_tail: int
+        self,
+        tokens: list[int],
+        parents: list[int],
+        depths: list[int],
+        items: list[_Item],
+        n_tail: int,
     ) -> tuple[list[int], list[tuple[int, int, int, int]]]:
-        """Path id of each new node; adds new paths to the batch items of the tail and of
-        in-batch ancestors; returns the ``seq_cp`` calls that give a new path its decoded cells."""
+        """Path id of each new node; appends the nodes' batch items and adds each new path to
+        the items of the tail and of in-batch ancestors; returns the ``seq_cp`` calls that give a
+        new path its already-decoded cells."""
         num_pending = len(self._ptok)
         length = len(self._committed)
         node_seq: list[int] = []
@@ -152,6 +156,7 @@ class LlamaCppSession:
                     copies.append((self._pseq[anc], seq, length, length + depth))
             self._leaf[seq] = num_pending + i
             node_seq.append(seq)
+            items.append([tokens[i], length + depths[i] - 1, [seq], True])
         return node_seq, copies
 
     def _decode(self, items: list[_Item]) -> list[np.ndarray]:

@@ -1,36 +1,33 @@
 """llama.cpp models (GGUF weights, CPU) behind the ersd session protocol, via llama-cpp-python.
 
-One :class:`LlamaCppSession` owns one llama.cpp context with a **unified** KV cache.  A draft tree
-is scored in **one** ``llama_decode`` with sequence-id tree attention: sequence 0 holds the
-committed tokens, every root-to-leaf path of the pending tree gets its own sequence id, and a batch
-token belongs to the sequences of all paths through it (llama.cpp masks a query token to the cells
-of its first sequence id, which are exactly the committed cells and the token's ancestors).
-``commit`` keeps the accepted path with ``llama_memory_seq_cp`` into sequence 0 and drops the path
-sequences with ``llama_memory_seq_rm``, so the cache always equals what a plain decode of the
-committed sequence would hold.
+One :class:`~ersd.models.llamacpp_session.LlamaCppSession` owns one llama.cpp context with a
+**unified** KV cache.  A draft tree is scored in **one** ``llama_decode`` with sequence-id tree
+attention: sequence 0 holds the committed tokens, every root-to-leaf path of the pending tree gets
+its own sequence id, and a batch token belongs to the sequences of all paths through it (llama.cpp
+masks a query token to the cells of its first sequence id: the committed cells and the token's
+ancestors).  ``commit`` keeps the accepted path with ``llama_memory_seq_cp`` into sequence 0 and
+drops the path sequences with ``llama_memory_seq_rm``, so the cache always equals what a plain
+decode of the committed sequence would hold.
 
-**Batch policy** (``exact``).  llama.cpp's CPU kernels depend on how many tokens a call decodes:
-repacked Q4_K weights use a 4-row GEMM for complete groups of 4 rows and a GEMV for the rest,
-K-quant weights switch to a tiled GEMM from 8 rows, flash attention splits the KV cache across
-threads for a lone query token and tiles queries from 64 rows.  A token's logits therefore differ
-(~0.1-0.5) between a one-token decode and a tree decode.  With ``exact=True`` every decode uses one
-kernel path:
+**Batch policy** (``exact``).  Some of llama.cpp's CPU kernels depend on how many tokens a call
+decodes, so a token's logits can differ (by ~0.2-0.4) between a one-token decode (target-only
+decoding) and a tree decode: flash attention splits the KV cache across threads for a *lone*
+query once 512 cells are cached (f16 cache), tiles queries from 64 on, and the K-quant tiled GEMM
+takes over from 8 rows.  With ``exact=True`` (default) none of these paths is used:
 
-* each call is padded with dummy tokens (a separate sequence id, removed right after) to a multiple
-  of 4 tokens, and the rows that produce logits to a multiple of 4, so every matrix row goes
-  through the 4-row GEMM, and no decode is a lone query;
-* a call never holds more than :data:`EXACT_CHUNK` tokens (bigger ones are split), which keeps
-  flash attention below its 64-query tiled path;
-* ``GGML_CPU_TILED_MM=0`` (set when this module first loads llama.cpp, unless already set)
-  keeps the K-quant tiled GEMM off;
-* rejected tree nodes that lie *before* an accepted one in the cache are parked in a junk sequence
-  instead of freed, so later tokens never land in a hole ahead of older ones (flash attention sums
-  the cells in cache order); when the cache fills, it is rebuilt from the committed tokens.
+* the KV cache is stored as Q8_0: flash attention then always runs its per-query path (the split
+  and tiled paths need an f16/f32 cache);
+* ``GGML_CPU_TILED_MM=0`` (set when this module first loads llama.cpp, unless already set) keeps
+  the K-quant tiled GEMM off; the remaining matrix kernels (``vec_dot``, the repacked Q4_K GEMM /
+  GEMV, tinyBLAS) give the same bits for a row in any batch (tests check it);
+* flash attention sums the cached cells in cache order, so rejected tree nodes lying *before* an
+  accepted one in the cache are parked in a junk sequence instead of freed: later tokens never land
+  in a hole ahead of older ones.  When parked cells fill the cache, it is rebuilt by decoding the
+  committed tokens again (bit-identical by the above).
 
-Each token's logits are then bit-identical however the calls are batched (tests check it), so
-ERSD's output equals target-only decoding exactly.  The price: a one-token decode computes 4 rows.
-``exact=False`` decodes each call as it is (fastest; ERSD's text then equals target-only's up to
-near-ties).  See docs/llamacpp.md for the measured cost of both.
+Each token's logits are then bit-identical however the calls are batched, so ERSD's output equals
+target-only decoding exactly.  ``exact=False`` uses an f16 cache and frees rejected cells (the
+fastest setting; right for drafts).  See docs/llamacpp.md for the measured cost of both.
 
 llama-cpp-python is an optional extra (``pip install 'ersd[llamacpp]'``), imported lazily.
 """
@@ -53,16 +50,11 @@ from ersd.errors import ErsdError, GenerationInputError, ModelLoadError, Vocabul
 #: the llama-cpp-python release ersd is built and tested against (the ``llamacpp`` extra pins it)
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 INSTALL_COMMAND = "pip install 'ersd[llamacpp]'"
-#: most tokens one decode holds in exact mode (flash attention tiles queries from 64 on)
-EXACT_CHUNK = 60
-#: exact mode pads every decode to a multiple of this many tokens (the repacked GEMM's row group)
-EXACT_MULTIPLE = 4
 #: default context window when the GGUF's training context is larger
 DEFAULT_CONTEXT = 4096
-#: cache cells beyond the context window, for pending tree nodes, padding and parked nodes
+#: cache cells beyond the context window, for pending tree nodes and parked nodes
 EXTRA_CELLS = 512
 DEFAULT_MAX_PATHS = 62
-PAD_TOKEN = 0
 
 if TYPE_CHECKING:
     from ersd.models.llamacpp_session import LlamaCppSession
@@ -302,7 +294,7 @@ class LlamaCppModel:
             raise ModelLoadError(f"context must be at least 8 tokens, got {self.max_length}")
         self.tokenizer = LlamaCppTokenizer(self)
         self.decode_calls = 0
-        self.decoded_rows = 0  # tokens decoded, padding included
+        self.decoded_rows = 0  # tokens decoded
 
     def __repr__(self) -> str:
         mode = "exact" if self.exact else "fast"
@@ -375,7 +367,7 @@ class LlamaCppModel:
 
     @property
     def n_seq_max(self) -> int:
-        return self.max_paths + 3  # 0 = committed, 1..max_paths = paths, then junk and padding
+        return self.max_paths + 2  # 0 = committed, 1..max_paths = paths, then the junk sequence
 
     def _new_context(self) -> Any:
         lib = self.lib
@@ -386,6 +378,8 @@ class LlamaCppModel:
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = self.threads
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if self.exact:  # a quantized cache keeps flash attention on its per-query path
+            params.type_k = params.type_v = lib.GGML_TYPE_Q8_0
         params.no_perf = True
         ctx = lib.llama_init_from_model(self.model, params)
         if not ctx:

@@ -7,12 +7,11 @@ Cache layout and sequence ids (``P`` = ``max_paths``):
   whose deepest node is its parent, or opens a new path (copying the committed cells and its
   already-decoded ancestors into it with ``seq_cp``); in the batch a token lists its own path
   first (llama.cpp masks a query to its first sequence), then every path opened below it;
-* ``P + 1`` parks rejected nodes in exact mode (see :mod:`ersd.models.llamacpp`);
-* ``P + 2`` holds the padding tokens of one decode, removed right after it.
+* ``P + 1`` parks rejected nodes in exact mode (see :mod:`ersd.models.llamacpp`).
 
 A ``score`` call decodes the *uncached tail* (committed tokens never decoded: the prompt, the
-bonus token) together with the new nodes, so one target call is one ``llama_decode`` (exact mode
-splits calls of more than :data:`~ersd.models.llamacpp.EXACT_CHUNK` tokens).
+bonus token) together with the new nodes, so one target call is one ``llama_decode`` (calls of
+more than 512 tokens, long prompts, are split).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import torch
 
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.models.base import check_commit_args, check_tree_args
-from ersd.models.llamacpp import EXACT_CHUNK, EXACT_MULTIPLE, PAD_TOKEN
 
 if TYPE_CHECKING:
     from ersd.models.llamacpp import LlamaCppModel, _Context
@@ -52,7 +50,6 @@ class LlamaCppSession:
         self._leaf: dict[int, int] = {}  # open path -> its deepest node
         self._free = list(range(owner.max_paths, 0, -1))  # unused path ids (pop from the end)
         self._junk_seq = owner.max_paths + 1
-        self._pad_seq = owner.max_paths + 2
         self._junk = 0  # cells parked in the junk sequence
         self._used = 0  # cells holding committed, pending or parked tokens
         self._final = weakref.finalize(self, owner.release, ctx)
@@ -160,43 +157,31 @@ class LlamaCppSession:
         return node_seq, copies
 
     def _decode(self, items: list[_Item]) -> list[np.ndarray]:
-        """Decode ``items`` (padded and chunked in exact mode); logits per item (zeros where
+        """Decode ``items`` in calls of at most the batch size; logits per item (empty where
         none were asked for)."""
         ctx, owner = self._ctx, self.owner
         out: list[np.ndarray] = []
-        step = EXACT_CHUNK if owner.exact else ctx.capacity
         empty = np.zeros(0, dtype=np.float32)
-        for start in range(0, len(items), step):
-            chunk = [(t, p, s, o) for t, p, s, o in items[start : start + step]]
-            real = len(chunk)
-            if owner.exact:
-                m = EXACT_MULTIPLE
-                outs = sum(1 for c in chunk if c[3])
-                with_logits = -outs % m
-                without = -(real + with_logits) % m
-                pads = [True] * with_logits + [False] * without
-                chunk += [(PAD_TOKEN, k, [self._pad_seq], o) for k, o in enumerate(pads)]
+        for start in range(0, len(items), ctx.capacity):
+            chunk = [(t, p, s, o) for t, p, s, o in items[start : start + ctx.capacity]]
             rc = ctx.decode(chunk)
             owner.decode_calls += 1
             owner.decoded_rows += len(chunk)
-            if len(chunk) > real:
-                ctx.seq_rm(self._pad_seq)
             if rc != 0:
                 raise ErsdError(
                     f"llama_decode failed with code {rc} on {len(chunk)} tokens "
                     "(1: no room in the KV cache; negative: invalid batch); set logging for "
                     "'ersd.llamacpp' to DEBUG for llama.cpp's message"
                 )
-            self._used += real
-            out += [ctx.logits(i) if c[3] else empty for i, c in enumerate(chunk[:real])]
+            self._used += len(chunk)
+            out += [ctx.logits(i) if c[3] else empty for i, c in enumerate(chunk)]
         return out
 
     def _make_room(self, new: int) -> None:
-        """Ensure the cache has cells for ``new`` tokens plus padding; in exact mode rebuild it
-        from the committed tokens when parked cells fill it."""
+        """Ensure the cache has cells for ``new`` tokens; in exact mode rebuild it from the
+        committed tokens when parked cells fill it."""
         ctx = self._ctx
-        slack = (new // EXACT_CHUNK + 1) * EXACT_MULTIPLE
-        if self._used + new + slack <= ctx.cells:
+        if self._used + new <= ctx.cells:
             return
         if self._junk and not self._ptok:
             # drop parked cells: clear and decode the committed prefix again, in order (exact
@@ -205,7 +190,7 @@ class LlamaCppSession:
             self._used = self._junk = 0
             prefix = self._committed[: self._n_cached]
             self._decode([[t, j, [0], False] for j, t in enumerate(prefix)])
-            if self._used + new + slack <= ctx.cells:
+            if self._used + new <= ctx.cells:
                 return
         raise GenerationInputError(
             f"the KV cache ({ctx.cells} cells) cannot hold {new} more tokens; load the model with "

@@ -124,8 +124,10 @@ def main() -> None:
                 "draft_ms": [round(1e3 * t, 1) for t in costs.draft],
             }
         )
+    # rank profiles exist only for sampling (T > 0); at T = 1 acceptance is lower than greedy,
+    # so the choice errs towards drafting less
     auto = {
-        policy: auto_choice(tm, draft, curves[policy], calib_ids, 0.0, args.tokens // 2)
+        policy: auto_choice(tm, draft, curves[policy], calib_ids, 1.0, args.tokens // 2)
         for policy, tm in (("exact", target), ("fast", target_fast))
     }
     for policy, choice in auto.items():

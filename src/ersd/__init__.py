@@ -87,14 +87,22 @@ def load_model(
     if backend == "llamacpp":
         from ersd.models.llamacpp import load_model as _load_gguf
 
-        hf_only = {
-            "dtype": dtype != "float32",
-            "device": device != "cpu",
-            "linear": linear != "auto",
-        }
-        return _load_gguf(
-            name_or_path, **config_overrides, **{k: v for k, v in hf_only.items() if v}
-        )
+        hf_only = [
+            name
+            for name, given in (
+                ("dtype", dtype != "float32"),
+                ("device", device != "cpu"),
+                ("linear", linear != "auto"),
+            )
+            if given
+        ]
+        if hf_only:
+            raise ModelLoadError(
+                f"option(s) {hf_only} do not apply to the llama.cpp backend (it runs the GGUF's "
+                "own quantized weights on the CPU); it takes threads=, context=, exact=, "
+                "max_paths=, repack= and cache_dir="
+            )
+        return _load_gguf(name_or_path, **config_overrides)
     if backend not in ("auto", "hf"):
         raise ModelLoadError(f"unknown backend {backend!r}; use 'auto', 'hf' or 'llamacpp'")
     from ersd.models.hf import load_model as _load

@@ -193,7 +193,9 @@ def generate(
             tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
             dmodel = None
             if draft.lower() != "none":
-                overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
+                overrides: dict[str, Any] = (
+                    {"num_hidden_layers": draft_layers} if draft_layers else {}
+                )
                 dmodel = ersd.load_model(
                     draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
                 )

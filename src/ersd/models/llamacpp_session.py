@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from ersd.errors import ErsdError, GenerationInputError
 from ersd.models.base import check_commit_args, check_tree_args
 
 if TYPE_CHECKING:
-    from ersd.models.llamacpp import LlamaCppModel, _Context
+    from ersd.models.llamacpp import LlamaCppModel
 
 # one batch entry: [token, position, sequence ids (own first), wants logits]
 _Item = list
@@ -232,3 +232,59 @@ class LlamaCppSession:
             self._root = None
         self._committed.extend(tokens)
         self._ptok, self._ppar, self._pdepth, self._pseq, self._prow = [], [], [], [], []
+
+
+class _Context:
+    """A llama.cpp context with its batch buffer and memory handle."""
+
+    def __init__(self, lib: Any, ctx: Any, n_seq_max: int, vocab_size: int) -> None:
+        self.lib = lib
+        self.ctx = ctx
+        self.mem = lib.llama_get_memory(ctx)
+        self.capacity = 512
+        self.batch = lib.llama_batch_init(self.capacity, 0, n_seq_max)
+        self.cells = int(lib.llama_n_ctx(ctx))
+        self.vocab_size = vocab_size
+        self._final = weakref.finalize(self, _free_context, lib, ctx, self.batch)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.mem, True)
+
+    def free(self) -> None:
+        self._final()
+
+    def decode(self, items: Sequence[tuple[int, int, Sequence[int], bool]]) -> int:
+        """Decode ``(token, position, seq ids, wants logits)`` items in one call; llama's code."""
+        b = self.batch
+        b.n_tokens = len(items)
+        for i, (tok, pos, seqs, out) in enumerate(items):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = len(seqs)
+            row = b.seq_id[i]
+            for j, s in enumerate(seqs):
+                row[j] = s
+            b.logits[i] = 1 if out else 0
+        return int(self.lib.llama_decode(self.ctx, b))
+
+    def logits(self, i: int) -> np.ndarray:
+        ptr = self.lib.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.lib.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+
+def _free_model(lib: Any, model: Any, contexts: list[_Context]) -> None:
+    for ctx in contexts:
+        ctx.free()
+    contexts.clear()
+    lib.llama_model_free(model)
+
+
+def _free_context(lib: Any, ctx: Any, batch: Any) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)

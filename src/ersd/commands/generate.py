@@ -139,6 +139,15 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "little more than 1); torch = stock nn.Linear; auto = onednn where available.",
 )
 @click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--backend",
+    default="hf",
+    show_default=True,
+    type=click.Choice(["hf", "llamacpp"]),
+    help="hf: PyTorch/transformers; llamacpp: the GGUF weights run by llama.cpp (needs the "
+    "extra: pip install 'ersd[llamacpp]'; --dtype/--linear/--device do not apply).",
+)
+@click.option("--threads", type=int, default=None, help="llamacpp: CPU threads (default: all).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option(
     "--compare",
@@ -165,6 +174,8 @@ def generate(
     draft_dtype: str | None,
     linear: str,
     device: str,
+    backend: str,
+    threads: int | None,
     chat: bool,
     compare: bool,
     as_json: bool,
@@ -183,20 +194,39 @@ def generate(
         shape = tree if parse_dynamic(tree) else ersd.parse_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
-        tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
-        dmodel = None
-        if draft.lower() != "none":
+        if backend == "llamacpp":
+            if draft_layers:
+                raise click.UsageError("--draft-layers needs --backend hf")
+
+            def load_target(name: str) -> Any:
+                return ersd.load_model(name, backend="llamacpp", threads=threads)
+
+            load_draft_model = load_target
+        else:
             overrides: dict[str, Any] = {"num_hidden_layers": draft_layers} if draft_layers else {}
 
-            def load_draft(name: str) -> Any:
-                m = ersd.load_model(
+            def load_target(name: str) -> Any:
+                return ersd.load_model(name, dtype=dtype, device=device, linear=linear)
+
+            def load_draft_model(name: str) -> Any:
+                return ersd.load_model(
                     name, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
                 )
+
+        tmodel = load_target(target)
+        dmodel = None
+        if draft.lower() != "none":
+
+            def load_draft(name: str) -> Any:
+                m = load_draft_model(name)
                 tmodel.check_compatible(m)
                 return m
 
             # a model name, 'lookup', 'suffix:...' or 'lookup+<model>' (ersd.drafting.spec)
             dmodel = parse_drafter(draft, load_model=load_draft, tokenize=tmodel.tokenizer.encode)
+        if backend == "llamacpp":
+            dtype = draft_dtype = "gguf"
+            device = f"llama.cpp, {tmodel.threads} threads"
         about = tmodel.describe()
         onednn = " oneDNN" if about.get("linear") == "onednn" else ""
         log(
@@ -282,8 +312,9 @@ def generate(
                             "In reduced precision a batched tree forward and a one-token forward "
                             "round differently and a near-tie can flip; rerun with --dtype float32 "
                             "for the bit-exact check."
-                            if dtype != "float32"
-                            else "This should not happen in float32: please report it."
+                            if dtype not in ("float32", "gguf")
+                            else "This should not happen in float32 or with llama.cpp's exact "
+                            "batch policy: please report it."
                         )
                     )
             else:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 #: backend name -> implementing module, in the order ``backend="auto"`` asks them
 BACKENDS: dict[str, str] = {
     "toy": "ersd.models.toy",  # weight-free stand-ins: toy, toy-draft, tiny-qwen2, ...
+    "llamacpp": "ersd.models.llamacpp",  # llama.cpp: .gguf files (bundled names with backend=)
     "hf": "ersd.models.hf_load",  # transformers: bundled names, folders, hub ids (claims all)
 }
 

@@ -1,0 +1,222 @@
+#!/usr/bin/env python
+"""Benchmark of the llama.cpp backend against llama-cpp-python's own decoding (run it alone).
+
+On the bundled Qwen2.5-Coder 1.5B (target) and 0.5B (draft) Q4_K_M GGUF files, interleaved per
+prompt so that machine noise hits every configuration alike:
+
+* ``llama``            llama-cpp-python's ``Llama`` generation (its own decoding loop, greedy);
+* ``llama-lookup:K``   the same with ``LlamaPromptLookupDecoding(num_pred_tokens=K)``;
+* ``ersd-none``        ersd target-only decoding on this backend (exact and fast batch policy);
+* ``ersd-chain:K``     ERSD with the 0.5B draft, chain trees;
+* ``ersd-auto``        the cost-aware choice: the tree with the highest predicted tokens/s from
+  the measured cost curve and a calibrated rank profile (:mod:`ersd.bench.costs`), or no draft
+  at all when no tree is predicted to beat target-only decoding (the record says which).
+
+Also the cost curve: median ms per ``llama_decode`` with 1/2/4/8/16 new tokens (logits for each)
+for both models and both batch policies.  Records go to ``--out`` (JSONL); the last stdout line is
+a JSON summary.  ``--smoke`` runs a tiny version (SmolLM2, few tokens) to check the script.
+
+    python scripts/bench_llamacpp.py --out results/llamacpp.jsonl            # ~15 min on 2 cores
+    python scripts/bench_llamacpp.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import ersd
+from ersd.bench.costs import CostModel, choose_trees, measure_costs
+from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.models.llamacpp import llama_lib, resolve_gguf
+from ersd.theory.profile import RankProfile
+
+SIZES = [1, 2, 4, 8, 16]
+
+
+def cost_curve(target: Any, draft: Any, prompt: list[int], repeats: int) -> CostModel:
+    costs = measure_costs(target, draft, prompt, SIZES, repeats)
+    plain = ersd.generate(target, None, prompt, max_new_tokens=8, temperature=0.0)
+    costs.overhead_plain = statistics.median(s.other_time for s in plain.steps)
+    return costs
+
+
+def auto_choice(
+    target: Any, draft: Any, costs: CostModel, prompts: list[list[int]], temp: float, n: int
+) -> dict[str, Any]:
+    """Calibrate a rank profile with ERSD chain:4, then pick the tree with the best predicted
+    tokens/s; ``"none"`` (target-only) when no tree is predicted faster than not drafting."""
+    results = [
+        ersd.generate(target, draft, p, max_new_tokens=n, tree="chain:4", temperature=temp, seed=i)
+        for i, p in enumerate(prompts)
+    ]
+    overheads = [s.other_time for r in results for s in r.steps]
+    costs.overhead = statistics.median(overheads) if overheads else 0.0
+    prof = RankProfile.from_results(results, vocab_size=target.vocab_size)
+    choice = choose_trees(prof.depth_rank_probs(), costs, budgets=[2, 4, 8], max_nodes=8)
+    best = choice["cost_aware"]
+    tree = best["spec"] if best["speedup"] > 1.0 else "none"
+    return {"tree": tree, "predicted": best, "target_only_rate": choice["target_only_rate"]}
+
+
+def run_llama(llm: Any, prompt: list[int], n: int) -> tuple[int, float]:
+    llm.reset()
+    t0 = time.perf_counter()
+    out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
+    return int(out["usage"]["completion_tokens"]), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=3, help="prompts per set")
+    ap.add_argument("--sets", default="humaneval,mtbench")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--chains", default="1,2,3,4")
+    ap.add_argument("--lookup", default="2,4")
+    ap.add_argument("--repeats", type=int, default=5, help="timings per cost-curve point")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        args.target = args.draft = "smollm2-135m"
+        args.prompts, args.tokens, args.rounds, args.repeats = 1, 8, 1, 1
+        args.chains, args.lookup, args.sets = "2", "2", "humaneval"
+    lib = llama_lib()
+    threads = args.threads
+    load = dict(backend="llamacpp", threads=threads)
+    target = ersd.load_model(args.target, **load)
+    target_fast = ersd.load_model(args.target, exact=False, **load)
+    draft = ersd.load_model(args.draft, exact=False, **load)
+    target.check_compatible(draft)
+    records: list[dict[str, Any]] = []
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115
+
+    def emit(rec: dict[str, Any]) -> None:
+        records.append(rec)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+        print(json.dumps(rec), file=sys.stderr, flush=True)
+
+    prompts = load_prompts(args.sets.split(","), "eval", args.prompts)
+    ids = [encode_prompt(target.tokenizer, p, "auto", 512) for p in prompts]
+    calib = load_prompts(args.sets.split(","), "calib", 1)
+    calib_ids = [encode_prompt(target.tokenizer, p, "auto", 512) for p in calib]
+
+    curves = {}
+    for policy, tmodel in (("exact", target), ("fast", target_fast)):
+        costs = cost_curve(tmodel, draft, ids[0], args.repeats)
+        curves[policy] = costs
+        emit(
+            {
+                "kind": "cost_curve",
+                "policy": policy,
+                "sizes": SIZES,
+                "target_ms": [round(1e3 * t, 1) for t in costs.target],
+                "draft_ms": [round(1e3 * t, 1) for t in costs.draft],
+            }
+        )
+    # rank profiles exist only for sampling (T > 0); at T = 1 acceptance is lower than greedy,
+    # so the choice errs towards drafting less
+    auto = {
+        policy: auto_choice(tm, draft, curves[policy], calib_ids, 1.0, args.tokens // 2)
+        for policy, tm in (("exact", target), ("fast", target_fast))
+    }
+    for policy, choice in auto.items():
+        emit({"kind": "auto_choice", "policy": policy, **choice})
+
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    path_t = str(resolve_gguf(args.target))
+    llm = lib.Llama(path_t, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    lookups = {
+        k: lib.Llama(
+            path_t,
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k),
+        )
+        for k in map(int, args.lookup.split(","))
+    }
+    configs: list[tuple[str, Any]] = [("llama", llm)]
+    configs += [(f"llama-lookup:{k}", m) for k, m in lookups.items()]
+    configs += [
+        ("ersd-none-exact", (target, None, "none")),
+        ("ersd-none-fast", (target_fast, None, "none")),
+    ]
+    for k in map(int, args.chains.split(",")):
+        configs.append((f"ersd-chain:{k}-exact", (target, draft, f"chain:{k}")))
+        configs.append((f"ersd-chain:{k}-fast", (target_fast, draft, f"chain:{k}")))
+    for policy, tm in (("exact", target), ("fast", target_fast)):
+        tree = auto[policy]["tree"]
+        configs.append((f"ersd-auto-{policy}", (tm, None if tree == "none" else draft, tree)))
+
+    reference: dict[int, list[int]] = {}
+    for name, obj in configs:  # warm-up
+        if name.startswith("llama"):
+            run_llama(obj, ids[0][:16], 2)
+        else:
+            ersd.generate(obj[0], obj[1], ids[0][:16], max_new_tokens=2, temperature=0.0)
+    for rnd in range(args.rounds):
+        for i, prompt in enumerate(ids):
+            for name, obj in configs:
+                if name.startswith("llama"):
+                    n, secs = run_llama(obj, prompt, args.tokens)
+                    rec: dict[str, Any] = {"tokens": n}
+                else:
+                    tm, dm, tree = obj
+                    res = ersd.generate(
+                        tm,
+                        dm,
+                        prompt,
+                        max_new_tokens=args.tokens,
+                        temperature=0.0,
+                        tree=tree if dm is not None else "chain:1",
+                    )
+                    n, secs = len(res.tokens), res.wall_time
+                    rec = {"tokens": n, "block_efficiency": res.block_efficiency}
+                    if tm is target:  # exact policy: every config must give the same text
+                        ref = reference.setdefault(i, res.tokens)
+                        rec["identical_to_first_exact"] = ref == res.tokens
+                emit(
+                    {
+                        "kind": "run",
+                        "config": name,
+                        "round": rnd,
+                        "prompt": prompts[i].id,
+                        "tokens_per_second": n / secs,
+                        **rec,
+                    }
+                )
+    summary: dict[str, Any] = {"threads": target.threads, "tokens": args.tokens}
+    for name, _ in configs:
+        rates = [r["tokens_per_second"] for r in records if r.get("config") == name]
+        summary[name] = round(statistics.median(rates), 2)
+    summary["auto"] = {p: a["tree"] for p, a in auto.items()}
+    summary["exact_identical"] = all(
+        r.get("identical_to_first_exact", True) for r in records if r["kind"] == "run"
+    )
+    summary["cost_curve_ms"] = {
+        p: {
+            "target": [round(1e3 * t, 1) for t in c.target],
+            "draft": [round(1e3 * t, 1) for t in c.draft],
+        }
+        for p, c in curves.items()
+    }
+    if out:
+        out.close()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

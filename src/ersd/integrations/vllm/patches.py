@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 
 _MARK = "_ersd_patched"
 
+#: Deliberately broken variants, for the tests that must catch them (never set otherwise):
+#: "row_keys" races every verification row of a request with the committed context's key (the
+#: draft tokens before the row are left out); "draft_noise" gives the drafter other noise than
+#: the verifier.
+TEST_BREAK: str | None = None
+
 
 class _RunnerState:
     """Per-runner ERSD bookkeeping (attached to the runner object)."""
@@ -124,12 +130,13 @@ def patched_sample(orig: Any) -> Any:
                 rows.append(starts_row[i] + j)
                 keys.append(key)
                 params.append(p)
-                if j < n_draft[i]:
+                if j < n_draft[i] and TEST_BREAK != "row_keys":
                     key = extend_key(key, drafts[starts_draft[i] + j])
         idx = torch.tensor(rows, device=logits.device)
-        winners = race_winners(logits[idx], keys, params).to(logits.device)
-        one_hot = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype,
-                             device=logits.device)
+        winners = race_winners(logits[idx], keys, params, broken=TEST_BREAK).to(logits.device)
+        one_hot = torch.full(
+            (len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device
+        )
         one_hot.scatter_(1, winners.view(-1, 1), 0.0)
         logits[idx] = one_hot
         out = orig(self, logits, spec_decode_metadata)
@@ -183,7 +190,7 @@ def patched_sample_draft_tokens(orig: Any) -> Any:
         else:
             ids, probs = torch.empty(batch, dtype=torch.int64, device=hidden_states.device), None
         logits = self.model.compute_logits(hidden_states[mine])
-        keys = [rows[r][0] for r in mine]
+        keys = [rows[r][0] ^ (1 if TEST_BREAK == "draft_noise" else 0) for r in mine]
         winners = race_winners(logits, keys, [rows[r][1] for r in mine])
         ids[torch.tensor(mine, device=ids.device)] = winners.to(ids.device, ids.dtype)
         for r, w in zip(mine, winners.tolist(), strict=True):
@@ -245,6 +252,6 @@ def apply() -> None:
         wrapped.__qualname__ = f"{cls.__name__}.{name}"
         wrapped.__doc__ = current.__doc__
         setattr(wrapped, _MARK, True)
-        setattr(wrapped, "_ersd_original", current)
+        wrapped._ersd_original = current  # type: ignore[attr-defined]
         setattr(cls, name, wrapped)
     log.info("ersd: vLLM patches installed")

@@ -49,7 +49,8 @@ def check_targets() -> None:
         fn = getattr(cls, name, None)
         if fn is None:
             raise VllmIntegrationError(
-                f"vLLM {vllm_version()} has no {cls.__name__}.{name}; the ersd plugin cannot patch it"
+                f"vLLM {vllm_version()} has no {cls.__name__}.{name}; the ersd plugin cannot "
+                "patch it"
             )
         fn = getattr(fn, "_ersd_original", fn)
         names = tuple(inspect.signature(fn).parameters)[: len(expected)]

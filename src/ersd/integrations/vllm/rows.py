@@ -3,7 +3,7 @@
 Row ``r`` holds the logits of one context whose race key is ``keys[r]`` (:mod:`ersd.race`: the key
 of the committed context extended by the draft tokens before that row).  Its winner is exactly
 ``ersd.race.race_winner(logits_to_probs(logits[r], params), RaceNoise.exponentials(keys[r]))``:
-the same probabilities (one ``logits_to_probs`` call per group of rows with equal settings, float64),
+the same probabilities (one float64 ``logits_to_probs`` call per group of rows with equal settings),
 the same keyed noise, the same ``argmin E / p`` with the first index on ties.  So a vLLM ERSD run
 and ``ersd.generate`` emit the same tokens for the same seed whenever the two models' logits give
 the same probabilities.
@@ -24,8 +24,9 @@ from ersd.probs import logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, extend_key, root_key
 
 _NOISE: dict[int, RaceNoise] = {}
-#: Races kept per vocabulary size (drafter and verifier ask for the same keys within a step).
-NOISE_CACHE_SIZE = 160
+#: Memory for cached races per vocabulary (bytes): the drafter races the contexts the verifier
+#: checks next, so a cache that holds a step's races halves the noise work with a draft model.
+NOISE_CACHE_BYTES = 512 << 20
 
 
 def noise_for(vocab_size: int) -> RaceNoise:
@@ -33,7 +34,8 @@ def noise_for(vocab_size: int) -> RaceNoise:
     drafter and the verifier, which race the same contexts)."""
     noise = _NOISE.get(vocab_size)
     if noise is None:
-        noise = _NOISE[vocab_size] = RaceNoise(vocab_size, cache_size=NOISE_CACHE_SIZE)
+        size = max(16, NOISE_CACHE_BYTES // (8 * vocab_size))
+        noise = _NOISE[vocab_size] = RaceNoise(vocab_size, cache_size=size)
     return noise
 
 
@@ -44,9 +46,15 @@ def race_exponentials(keys: Sequence[int], vocab_size: int) -> torch.Tensor:
 
 
 def race_winners(
-    logits: torch.Tensor, keys: Sequence[int], params: Sequence[ErsdRequestParams]
+    logits: torch.Tensor,
+    keys: Sequence[int],
+    params: Sequence[ErsdRequestParams],
+    broken: str | None = None,
 ) -> torch.Tensor:
-    """Race winner of every row of ``logits`` (``[R, V]``), as an int64 tensor on CPU."""
+    """Race winner of every row of ``logits`` (``[R, V]``), as an int64 tensor on CPU.
+
+    ``broken="additive_exp"`` is a deliberately wrong variant for the tests that must reject it:
+    ``argmax(log p + E)`` (exponential noise added like Gumbel noise)."""
     n_rows, vocab = logits.shape
     if n_rows != len(keys) or n_rows != len(params):
         raise ValueError(f"{n_rows} rows but {len(keys)} keys and {len(params)} params")
@@ -64,8 +72,10 @@ def race_winners(
         else:
             t = torch.tensor(idx)
             probs[t] = logits_to_probs(rows[t], sampling)
-    scores = race_exponentials(keys, vocab) / probs
-    return torch.argmin(scores, dim=-1)
+    e = race_exponentials(keys, vocab)
+    if broken == "additive_exp":
+        return torch.argmax(torch.log(probs) + e, dim=-1)
+    return torch.argmin(e / probs, dim=-1)
 
 
 class ContextKeys:

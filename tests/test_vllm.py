@@ -210,11 +210,13 @@ def draft_outputs(engines) -> dict[tuple[int, int], list[int]]:
     return run_ersd(engines.get("draft"))
 
 
-def test_plugin_is_active_in_vllm() -> None:
+def test_plugin_is_found_through_its_entry_point() -> None:
     import vllm
+    from vllm.plugins import load_general_plugins
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     assert vllm.__version__.startswith("0.32.")
+    load_general_plugins()  # what every vLLM process does at start
     assert getattr(GPUModelRunner._sample, "_ersd_patched", False)
 
 
@@ -300,25 +302,40 @@ def test_no_drafter_equals_ersd_generate(plain_llm, reference) -> None:
     assert run_ersd(plain_llm) == reference
 
 
-def test_first_token_chi_square(plain_llm, target, broken) -> None:
-    """First token over CHI_SEEDS seeds against the target's probabilities (alpha = 1e-3), and
-    the same test rejects argmax(log p + E) (exponential noise used as if it were Gumbel)."""
+def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:
+    """Over CHI_SEEDS seeds (alpha = 1e-3): the first token against the target's probabilities,
+    and the second token, among the seeds whose first token is the most common one, against the
+    target's probabilities after it.  The same tests reject argmax(log p + E) (exponential noise
+    used as if it were Gumbel noise: wrong first token) and a key that leaves out the generated
+    tokens (the second token reuses the first token's race)."""
     s = SamplingParams(temperature=1.0)
-    probs = logits_to_probs(target.start(CHI_PROMPT).score([], [])[0], s)
     p = {"prompt_token_ids": CHI_PROMPT}
-    params = [ersd_params(seed, max_tokens=1) for seed in range(CHI_SEEDS)]
-    good = [
-        o.outputs[0].token_ids[0]
-        for o in plain_llm.generate([p] * CHI_SEEDS, params, use_tqdm=False)
-    ]
+
+    def sample(max_tokens: int) -> list[list[int]]:
+        params = [ersd_params(seed, max_tokens=max_tokens) for seed in range(CHI_SEEDS)]
+        outs = plain_llm.generate([p] * CHI_SEEDS, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    def probs_after(ctx: list[int]) -> torch.Tensor:
+        return logits_to_probs(target.start(ctx).score([], [])[0], s)
+
+    good = sample(2)
+    first = probs_after(CHI_PROMPT)
+    t1 = collections.Counter(t[0] for t in good).most_common(1)[0][0]
+    second = probs_after([*CHI_PROMPT, t1])
+
+    def p_second(runs: list[list[int]]) -> float:
+        return chi_square_p([t[1] for t in runs if t[0] == t1], second)
+
+    assert chi_square_p([t[0] for t in good], first) > ALPHA
+    assert p_second(good) > ALPHA
     with broken("additive_exp"):
-        bad = [
-            o.outputs[0].token_ids[0]
-            for o in plain_llm.generate([p] * CHI_SEEDS, params, use_tqdm=False)
-        ]
-    p_good, p_bad = chi_square_p(good, probs), chi_square_p(bad, probs)
-    assert p_good > ALPHA, p_good
-    assert p_bad < ALPHA, p_bad
+        wrong_noise = sample(1)
+    assert chi_square_p([t[0] for t in wrong_noise], first) < ALPHA
+    with broken("stale_key"):
+        stale = sample(2)
+    assert chi_square_p([t[0] for t in stale], first) > ALPHA  # the first token is still right
+    assert p_second(stale) < ALPHA
 
 
 # --- 3. ngram drafter (last engine in the process: see the module docstring) -----------------

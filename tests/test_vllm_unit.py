@@ -191,3 +191,18 @@ def test_row_race_with_torch_noise(monkeypatch) -> None:
     monkeypatch.setenv("ERSD_VLLM_NOISE", "cuda")
     with pytest.raises(ValueError, match="ERSD_VLLM_NOISE"):
         race_winners(logits, keys, [p] * 6)
+
+
+def test_verified_tokens_follow_greedy_verification() -> None:
+    """Per request: winners while the draft equals them, then the first mismatch's winner, or
+    every draft plus the bonus winner; -1 pads the rest (vLLM's placeholder)."""
+    from ersd.integrations.vllm.patches import _write_verified
+
+    # request 0: 2 drafts, second rejected; request 1: no drafts; request 2: 2 drafts, all taken
+    drafts = [5, 6, 8, 9]
+    rows = [0, 1, 2, 3, 4, 5, 6]
+    winners = [5, 7, 1, 3, 8, 9, 4]  # row winners in row order
+    layout = [(0, 0, 0, 2), (1, 3, 2, 0), (2, 4, 2, 2)]
+    sampled = torch.full((3, 3), 123, dtype=torch.int32)
+    _write_verified(sampled, layout, winners, rows, drafts)
+    assert sampled.tolist() == [[5, 7, -1], [3, -1, -1], [8, 9, 4]]

@@ -24,6 +24,7 @@ in the front-end process, before they reach the engine.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -41,6 +42,7 @@ from ersd.race import extend_key
 log = logging.getLogger(__name__)
 
 _MARK = "_ersd_patched"
+PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID for rejected positions
 
 #: Deliberately broken variants, for the tests that must catch them (never set otherwise):
 #: "row_keys" races every verification row of a request with the committed context's key (the
@@ -134,6 +136,7 @@ def patched_sample(orig: Any) -> Any:
                 params.append(p)
                 if j < n_draft[i] and TEST_BREAK != "row_keys":
                     key = extend_key(key, drafts[starts_draft[i] + j])
+        layout = [(i, starts_row[i], starts_draft[i], n_draft[i]) for i, _, _ in reqs]
         idx = torch.tensor(rows, device=logits.device)
         winners = race_winners(logits[idx], keys, params, broken=TEST_BREAK).to(logits.device)
         one_hot = torch.full(
@@ -142,6 +145,7 @@ def patched_sample(orig: Any) -> Any:
         one_hot.scatter_(1, winners.view(-1, 1), 0.0)
         logits[idx] = one_hot
         out = orig(self, logits, spec_decode_metadata)
+        _write_verified(out.sampled_token_ids, layout, winners.tolist(), rows, drafts)
         if getattr(self, "speculative_config", None) is not None:
             sampled = out.sampled_token_ids.tolist()
             vocab = logits.shape[1]
@@ -154,6 +158,31 @@ def patched_sample(orig: Any) -> Any:
         return out
 
     return _sample
+
+
+def _write_verified(
+    sampled: torch.Tensor,
+    layout: list[tuple[int, int, int, int]],
+    winners: list[int],
+    rows: list[int],
+    drafts: list[int],
+) -> None:
+    """Write each ERSD request's greedy-verification outcome into vLLM's sampled-token buffer.
+
+    vLLM's own verification of one-hot rows gives the same tokens; writing them makes ERSD
+    independent of the CPU build's rejection kernels, which corrupt greedy rows batched with
+    random ones under draft-model speculative decoding (docs/vllm.md)."""
+    winner_of_row = dict(zip(rows, winners, strict=True))
+    width = sampled.shape[1]
+    for i, row0, draft0, n in layout:
+        emitted = []
+        for j in range(n + 1):
+            w = winner_of_row[row0 + j]
+            emitted.append(w)
+            if j == n or drafts[draft0 + j] != w:
+                break
+        line = emitted + [PLACEHOLDER] * (width - len(emitted))
+        sampled[i] = torch.tensor(line, dtype=sampled.dtype, device=sampled.device)
 
 
 def patched_propose(orig: Any) -> Any:
@@ -207,16 +236,31 @@ def patched_validate(orig: Any) -> Any:
         result = orig(self, params, *args, **kwargs)
         if hasattr(params, "extra_args"):
             cfg = self.vllm_config
-            ersd = check_request(
-                params, async_scheduling=bool(cfg.scheduler_config.async_scheduling)
-            )
-            if ersd is not None and getattr(cfg, "use_v2_model_runner", False):
-                raise VllmIntegrationError(
-                    "ERSD requests need vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER"
+            try:
+                ersd = check_request(
+                    params, async_scheduling=bool(cfg.scheduler_config.async_scheduling)
                 )
+                if ersd is not None and getattr(cfg, "use_v2_model_runner", False):
+                    raise VllmIntegrationError(
+                        "ERSD requests need vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER"
+                    )
+            except VllmIntegrationError as e:
+                raise _refusal(str(e)) from None
         return result
 
     return _validate_params
+
+
+@functools.cache
+def _refusal_class() -> type[Exception]:
+    from vllm.exceptions import VLLMValidationError
+
+    return type("ErsdRequestRefused", (VllmIntegrationError, VLLMValidationError), {})
+
+
+def _refusal(message: str) -> Exception:
+    """A refusal that is both ours and vLLM's validation error (the server answers 400)."""
+    return _refusal_class()(message)
 
 
 def targets() -> list[tuple[Any, str, Any, tuple[str, ...]]]:

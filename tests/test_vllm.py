@@ -347,9 +347,10 @@ def test_mixed_batch_without_drafter(plain_llm, reference) -> None:
 def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:
     """Over CHI_SEEDS seeds (alpha = 1e-3): the first token against the target's probabilities,
     and the second token, given each frequent first token, against the target's probabilities
-    after it.  The same tests reject argmax(log p + log E) (the Gumbel
-    form with the noise's sign flipped: wrong first token) and a key that leaves out the generated
-    tokens (the second token reuses the first token's race)."""
+    after it, plus how often the second token repeats the first.  The same tests reject
+    argmax(log p + log E) (the Gumbel form with the noise's sign flipped: wrong first token) and a
+    key that leaves out the generated tokens (the second token reuses the first token's race and
+    repeats it too often: the chi-square alone gives that p ~ 0.03, the repeat count p < 1e-3)."""
     s = SamplingParams(temperature=1.0)
     p = {"prompt_token_ids": CHI_PROMPT}
 
@@ -374,15 +375,26 @@ def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:
             [([t[1] for t in runs if t[0] == a], seconds[a]) for a in frequent]
         )
 
+    def p_repeats(runs: list[list[int]]) -> float:
+        """P(at least this many second tokens equal to the first) among the same seeds, under
+        the target's probabilities (Poisson tail of a sum of rare independent events): the most
+        sensitive sign of a second token that reuses the first token's race."""
+        from scipy.stats import poisson
+
+        mu = sum(float(seconds[t[0]][t[0]]) for t in runs if t[0] in seconds)
+        hits = sum(t[0] == t[1] for t in runs if t[0] in seconds)
+        return float(poisson.sf(hits - 1, mu))
+
     assert chi_square_p([t[0] for t in good], first) > ALPHA
     assert p_second(good) > ALPHA
+    assert p_repeats(good) > ALPHA
     with broken("gumbel_sign"):
         wrong_noise = sample(1)
     assert chi_square_p([t[0] for t in wrong_noise], first) < ALPHA
     with broken("stale_key"):
         stale = sample(2)
     assert chi_square_p([t[0] for t in stale], first) > ALPHA  # the first token is still right
-    assert p_second(stale) < ALPHA
+    assert p_repeats(stale) < ALPHA
 
 
 # --- 3. ngram drafter (last engine in the process: see the module docstring) -----------------

@@ -255,7 +255,12 @@ def patched_validate(orig: Any) -> Any:
 def _refusal_class() -> type[Exception]:
     from vllm.exceptions import VLLMValidationError
 
-    return type("ErsdRequestRefused", (VllmIntegrationError, VLLMValidationError), {})
+    def __init__(self: Any, message: str) -> None:
+        VLLMValidationError.__init__(self, message, parameter="extra_args")
+
+    return type(
+        "ErsdRequestRefused", (VllmIntegrationError, VLLMValidationError), {"__init__": __init__}
+    )
 
 
 def _refusal(message: str) -> Exception:

@@ -7,7 +7,7 @@ variants on and off.  vLLM 0.32 cannot start a second engine in a process once n
 drafter) is imported, so the ngram engine is the last one: keep the tests in file order.
 
 Cost on 2 idle cores: ~3-4 minutes (four engine starts, 2000-seed chi-square, one server).
-One file (a little over 450 lines) because its engines are started once and shared in file order.
+One file (~500 lines) because its engines are started once and shared in file order.
 """
 
 from __future__ import annotations

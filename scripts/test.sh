@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Run the test suite on a fresh machine: set up (.venv, torch CPU, ersd, llama-cpp-python, SmolLM2
-# weights), then
-# pytest on 2 workers, without the slow tests. Extra arguments go to pytest.
+# Run the test suite on a fresh machine: set up (.venv, torch CPU, ersd with its extras,
+# llama-cpp-python, SmolLM2 weights), then pytest on 2 workers, without the slow tests; then the
+# vLLM plugin's tests in their own environment (.venv-vllm, scripts/setup-vllm.sh).
+# Extra arguments go to the first pytest run.
 #
-#   bash scripts/test.sh                 # the suite (pytest -n 2; slow tests deselected)
-#   bash scripts/test.sh tests/test_cli_errors.py -x
+#   bash scripts/test.sh                 # the suite (pytest -n 2; slow tests deselected) + vLLM
+#   ERSD_VLLM_TESTS=0 bash scripts/test.sh tests/test_cli_errors.py -x   # a narrow run
 #   bash scripts/test.sh --slow          # only the slow tests on the real Qwen pair: installs and
 #                                        # prepares Qwen2.5-Coder 1.5B + 0.5B, runs them in ONE
 #                                        # process (they load ~8 GB; two workers would load 16)
@@ -25,4 +26,8 @@ export ERSD_REQUIRE_LLAMACPP=${ERSD_REQUIRE_LLAMACPP:-1}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -n 2 -m "not slow" "$@"
+python -m pytest -n 2 -m "not slow" --ignore=tests/test_vllm.py "$@"
+if [[ "${ERSD_VLLM_TESTS:-1}" != "0" ]]; then
+  bash scripts/setup-vllm.sh
+  ERSD_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -p no:cacheprovider tests/test_vllm.py
+fi

@@ -1,0 +1,1 @@
+"""Integrations of ERSD into other serving stacks (each optional, imported lazily)."""

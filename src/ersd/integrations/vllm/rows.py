@@ -1,0 +1,119 @@
+"""ERSD's race over many rows at once: the one computation every patch of the plugin calls.
+
+Row ``r`` holds the logits of one context whose race key is ``keys[r]`` (:mod:`ersd.race`: the key
+of the committed context extended by the draft tokens before that row).  Its winner is exactly
+``ersd.race.race_winner(logits_to_probs(logits[r], params), RaceNoise.exponentials(keys[r]))``:
+the same probabilities (one float64 ``logits_to_probs`` call per group of rows with equal settings),
+the same keyed noise, the same ``argmin E / p`` with the first index on ties.  So a vLLM ERSD run
+and ``ersd.generate`` emit the same tokens for the same seed whenever the two models' logits give
+the same probabilities.
+
+In Gumbel form the winner is ``argmax(log p - log E)`` (``-log E`` is Gumbel); it is computed as
+``argmin(E / p)`` here because that is the form ``ersd.race`` uses, so outcomes are bit-identical
+rather than equal up to rounding at near-ties.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from ersd.integrations.vllm.params import ErsdRequestParams
+from ersd.probs import logits_to_probs
+from ersd.race import STREAM_RACE, RaceNoise, extend_key, root_key
+
+_NOISE: dict[int, RaceNoise] = {}
+#: Memory for cached races per vocabulary (bytes): the drafter races the contexts the verifier
+#: checks next, so a cache that holds a step's races halves the noise work with a draft model.
+NOISE_CACHE_BYTES = 512 << 20
+
+
+def noise_for(vocab_size: int) -> RaceNoise:
+    """The process-wide :class:`~ersd.race.RaceNoise` of a vocabulary (its cache is shared by the
+    drafter and the verifier, which race the same contexts)."""
+    noise = _NOISE.get(vocab_size)
+    if noise is None:
+        size = max(16, NOISE_CACHE_BYTES // (8 * vocab_size))
+        noise = _NOISE[vocab_size] = RaceNoise(vocab_size, cache_size=size)
+    return noise
+
+
+def noise_backend() -> str:
+    """``ERSD_VLLM_NOISE``: ``numpy`` (default; :class:`~ersd.race.RaceNoise` on the host, cached)
+    or ``torch`` (:mod:`ersd.integrations.vllm.philox` on the logits' device, bit-identical)."""
+    backend = os.environ.get("ERSD_VLLM_NOISE", "numpy")
+    if backend not in ("numpy", "torch"):
+        raise ValueError(f"ERSD_VLLM_NOISE must be 'numpy' or 'torch', got {backend!r}")
+    return backend
+
+
+def race_exponentials(
+    keys: Sequence[int], vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``E`` for each key as one float64 ``[len(keys), vocab_size]`` tensor (stream 0)."""
+    if noise_backend() == "torch":
+        from ersd.integrations.vllm.philox import race_exponentials_torch
+
+        return race_exponentials_torch(list(keys), vocab_size, STREAM_RACE, device)
+    noise = noise_for(vocab_size)
+    return torch.stack([noise.exponentials(k, STREAM_RACE) for k in keys]).to(device)
+
+
+def race_winners(
+    logits: torch.Tensor,
+    keys: Sequence[int],
+    params: Sequence[ErsdRequestParams],
+    broken: str | None = None,
+) -> torch.Tensor:
+    """Race winner of every row of ``logits`` (``[R, V]``, any device), as an int64 CPU tensor.
+
+    ``broken="gumbel_sign"`` is a deliberately wrong variant for the tests that must reject it:
+    ``argmax(log p + log E)``, the Gumbel form with the noise's sign flipped."""
+    n_rows, vocab = logits.shape
+    if n_rows != len(keys) or n_rows != len(params):
+        raise ValueError(f"{n_rows} rows but {len(keys)} keys and {len(params)} params")
+    if n_rows == 0:
+        return torch.empty(0, dtype=torch.int64)
+    rows = logits.detach()
+    probs = torch.empty((n_rows, vocab), dtype=torch.float64, device=rows.device)
+    groups: dict[tuple, list[int]] = {}
+    for r, p in enumerate(params):
+        groups.setdefault(p.group, []).append(r)
+    for idx in groups.values():
+        sampling = params[idx[0]].sampling
+        if len(idx) == n_rows:
+            probs = logits_to_probs(rows, sampling)
+        else:
+            t = torch.tensor(idx, device=rows.device)
+            probs[t] = logits_to_probs(rows[t], sampling)
+    e = race_exponentials(keys, vocab, rows.device)
+    if broken == "gumbel_sign":
+        return torch.argmax(torch.log(probs) + torch.log(e), dim=-1).cpu()
+    return torch.argmin(e / probs, dim=-1).cpu()
+
+
+class ContextKeys:
+    """Race key of each request's committed context (seed, prompt, output so far), kept
+    incrementally: a step costs one :func:`~ersd.race.extend_key` per new token."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, tuple[int, int, int]] = {}  # req_id -> (seed, n_output, key)
+
+    def key(self, req_id: str, seed: int, prompt: Sequence[int], output: Sequence[int]) -> int:
+        st = self._state.get(req_id)
+        n = len(output)
+        if st is None or st[0] != seed or st[1] > n:
+            key, done = root_key(seed, prompt), 0
+        else:
+            _, done, key = st
+        for t in output[done:n]:
+            key = extend_key(key, int(t))
+        self._state[req_id] = (seed, n, key)
+        return key
+
+    def retain(self, live: set[str]) -> None:
+        """Forget requests that left the batch."""
+        for rid in [r for r in self._state if r not in live]:
+            del self._state[rid]

@@ -1,0 +1,208 @@
+"""The vLLM plugin's pure parts (no vLLM needed): request parsing and refusals, the row race
+against ersd.race, incremental context keys."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ersd.integrations.vllm import (
+    VllmIntegrationError,
+    check_request,
+    ersd_extra_args,
+    parse_extra_args,
+)
+from ersd.integrations.vllm.plugin import check_version
+from ersd.integrations.vllm.rows import ContextKeys, race_winners
+from ersd.probs import logits_to_probs
+from ersd.race import RaceNoise, extend_key, extend_key_many, race_winner, root_key
+
+
+def vllm_params(**kw):
+    """Stand-in for vllm.SamplingParams with vLLM's defaults."""
+    base = dict(
+        temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
+        frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None, allowed_token_ids=None,
+        bad_words=None, min_tokens=0, structured_outputs=None, logprobs=None, n=1,
+        extra_args=ersd_extra_args(3, 0.7, top_k=20),
+    )  # fmt: skip
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_extra_args_round_trip() -> None:
+    p = parse_extra_args(ersd_extra_args(5, 0.8, top_k=40, top_p=0.9))
+    assert p is not None and p.seed == 5
+    assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.8, 40, 0.9)
+    assert parse_extra_args(None) is None
+    assert parse_extra_args({"other": 1}) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"ersd_temperature": 0.5}, "without ersd_seed"),
+        ({"ersd_seed": -1}, "ersd_seed must be"),
+        ({"ersd_seed": 1, "ersd_tempreature": 1.0}, "unknown ERSD extra"),
+        ({"ersd_seed": 1, "ersd_temperature": -1.0}, "temperature"),
+        ({"ersd_seed": 1, "ersd_top_p": 0.0}, "top_p"),
+        ({"ersd_seed": 1, "ersd_top_k": 2.5}, "ersd_top_k"),
+    ],
+)
+def test_bad_extra_args_are_refused(extra, needle) -> None:
+    with pytest.raises(VllmIntegrationError, match=needle):
+        parse_extra_args(extra)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"temperature": 1.0}, "temperature=1.0"),
+        ({"top_p": 0.9}, "top_k/top_p/min_p"),
+        ({"repetition_penalty": 1.1}, "penalties"),
+        ({"logit_bias": {1: 2.0}}, "logit_bias"),
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ({"bad_words": ["x"]}, "bad_words"),
+        ({"min_tokens": 3}, "min_tokens"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"n": 2}, "n=2"),
+    ],
+)
+def test_unsupported_combinations_are_refused(change, needle) -> None:
+    assert check_request(vllm_params()) is not None
+    with pytest.raises(VllmIntegrationError, match=needle):
+        check_request(vllm_params(**change))
+
+
+def test_async_scheduling_is_refused_and_ordinary_requests_pass() -> None:
+    with pytest.raises(VllmIntegrationError, match="async scheduling"):
+        check_request(vllm_params(), async_scheduling=True)
+    # ordinary requests are never touched, whatever their settings
+    assert check_request(vllm_params(extra_args=None, temperature=1.0, n=4)) is None
+
+
+def test_version_guard() -> None:
+    check_version("0.32.0")
+    check_version("0.32.3+cpu")
+    for bad in ("0.31.9", "0.33.0", "1.0.0", "unknown"):
+        with pytest.raises(VllmIntegrationError, match="supports vLLM 0.32"):
+            check_version(bad)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"ersd_seed": 1, "ersd_temperature": 1.0},
+        {"ersd_seed": 2, "ersd_temperature": 0.6, "ersd_top_k": 30},
+        {"ersd_seed": 3, "ersd_temperature": 1.3, "ersd_top_p": 0.8},
+        {"ersd_seed": 4, "ersd_temperature": 0.0},
+    ],
+)
+def test_row_race_is_ersd_race(extra) -> None:
+    """Batched rows give exactly race_winner(logits_to_probs(row), exponentials(key)) per row,
+    with several settings mixed in one call."""
+    vocab = 1000
+    gen = torch.Generator().manual_seed(int(extra["ersd_seed"]))
+    logits = torch.randn(40, vocab, generator=gen) * 4
+    mine = parse_extra_args(extra)
+    other = parse_extra_args({"ersd_seed": 9, "ersd_temperature": 0.9, "ersd_top_k": 7})
+    assert mine is not None and other is not None
+    params = [mine if r % 3 else other for r in range(40)]
+    keys = [root_key(r, [1, 2, r]) for r in range(40)]
+    got = race_winners(logits, keys, params).tolist()
+    noise = RaceNoise(vocab)
+    want = [
+        race_winner(logits_to_probs(logits[r], params[r].sampling), noise.exponentials(keys[r]))
+        for r in range(40)
+    ]
+    assert got == want
+    assert len(set(got)) > 5  # the rows really differ
+
+
+def test_row_race_equals_gumbel_argmax_form() -> None:
+    """argmin E/p is argmax(log p + G) with G = -log E (Gumbel): same winners away from ties."""
+    vocab = 500
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(1)) * 2
+    p = parse_extra_args({"ersd_seed": 0})
+    assert p is not None
+    keys = [root_key(0, [r]) for r in range(64)]
+    winners = race_winners(logits, keys, [p] * 64)
+    noise = RaceNoise(vocab)
+    e = torch.stack([noise.exponentials(k) for k in keys])
+    gumbel = -torch.log(e)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    assert torch.equal(winners, torch.argmax(logp + gumbel, dim=-1))
+
+
+def test_context_keys_are_incremental_and_exact() -> None:
+    ck = ContextKeys()
+    prompt, out = [5, 6, 7], [8, 9]
+    assert ck.key("a", 11, prompt, out) == extend_key_many(root_key(11, prompt), out)
+    out += [10, 11]
+    assert ck.key("a", 11, prompt, out) == extend_key_many(root_key(11, prompt), out)
+    # a shorter output (e.g. a discarded step) or another seed recomputes from scratch
+    assert ck.key("a", 11, prompt, out[:1]) == extend_key(root_key(11, prompt), 8)
+    assert ck.key("a", 12, prompt, out) == extend_key_many(root_key(12, prompt), out)
+    ck.retain({"b"})
+    assert ck.key("a", 11, prompt, []) == root_key(11, prompt)
+
+
+def test_torch_philox_words_are_numpys() -> None:
+    import numpy as np
+
+    from ersd.integrations.vllm.philox import _s64, philox_blocks
+
+    keys = [root_key(s, [4, 2]) for s in range(5)] + [0, (1 << 64) - 1]
+    for stream in (0, 1 << 20, (1 << 64) - 1):
+        got = philox_blocks(
+            torch.tensor([_s64(k) for k in keys]),
+            torch.tensor([_s64(stream)] * len(keys)),
+            5,
+        )
+        for r, k in enumerate(keys):
+            want = np.random.Philox(key=(stream << 64) | k).random_raw(20)
+            assert got[r].numpy().view(np.uint64).tolist() == want.tolist()
+
+
+def test_torch_race_noise_is_bit_identical_to_numpy() -> None:
+    from ersd.integrations.vllm.philox import race_exponentials_torch
+    from ersd.race import STREAM_DRAFT
+
+    vocab = 6000
+    keys = [root_key(s, [7, s]) for s in range(12)]
+    for stream in (0, STREAM_DRAFT + 3):
+        got = race_exponentials_torch(keys, vocab, stream)
+        noise = RaceNoise(vocab)
+        want = torch.stack([noise.exponentials(k, stream) for k in keys])
+        assert torch.equal(got, want)  # every bit, tails and wedge rejections included
+
+
+def test_row_race_with_torch_noise(monkeypatch) -> None:
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    p = parse_extra_args({"ersd_seed": 1, "ersd_temperature": 0.9})
+    assert p is not None
+    keys = [root_key(1, [r]) for r in range(6)]
+    want = race_winners(logits, keys, [p] * 6)
+    monkeypatch.setenv("ERSD_VLLM_NOISE", "torch")
+    assert torch.equal(race_winners(logits, keys, [p] * 6), want)
+    monkeypatch.setenv("ERSD_VLLM_NOISE", "cuda")
+    with pytest.raises(ValueError, match="ERSD_VLLM_NOISE"):
+        race_winners(logits, keys, [p] * 6)
+
+
+def test_verified_tokens_follow_greedy_verification() -> None:
+    """Per request: winners while the draft equals them, then the first mismatch's winner, or
+    every draft plus the bonus winner; -1 pads the rest (vLLM's placeholder)."""
+    from ersd.integrations.vllm.patches import _write_verified
+
+    # request 0: 2 drafts, second rejected; request 1: no drafts; request 2: 2 drafts, all taken
+    drafts = [5, 6, 8, 9]
+    rows = [0, 1, 2, 3, 4, 5, 6]
+    winners = [5, 7, 1, 3, 8, 9, 4]  # row winners in row order
+    layout = [(0, 0, 0, 2), (1, 3, 2, 0), (2, 4, 2, 2)]
+    sampled = torch.full((3, 3), 123, dtype=torch.int32)
+    _write_verified(sampled, layout, winners, rows, drafts)
+    assert sampled.tolist() == [[5, 7, -1], [3, -1, -1], [8, 9, 4]]

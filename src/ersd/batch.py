@@ -43,6 +43,7 @@ from ersd.models.batch import score_many
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise, _mix64
 from ersd.results import GenerationResult, StepRecord
+from ersd.validation import check_seed
 
 _MASK64 = (1 << 64) - 1
 
@@ -62,7 +63,7 @@ def batch_seeds(seeds: int | Sequence[int] | None, n: int) -> list[int]:
     if seeds is None:
         seeds = 0
     if isinstance(seeds, int) and not isinstance(seeds, bool):
-        return [derive_seed(seeds, i) for i in range(n)]
+        return [derive_seed(check_seed(seeds), i) for i in range(n)]
     if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):
         raise GenerationInputError(
             f"seeds must be an int (one seed for the batch) or a list of {n} ints, got "
@@ -73,7 +74,7 @@ def batch_seeds(seeds: int | Sequence[int] | None, n: int) -> list[int]:
             f"seeds has {len(seeds)} entries but there are {n} prompts; give one seed per prompt "
             "or a single int for the whole batch"
         )
-    return [int(s) for s in seeds]
+    return [check_seed(s) for s in seeds]
 
 
 @dataclass
@@ -155,7 +156,7 @@ class BatchEngine:
     ) -> int:
         """Queue a request; it joins at the next :meth:`step`.  Returns its id."""
         drafter = self.drafter if tree is not None else None
-        _validate(self.target, drafter, prompt, max_new_tokens, eos_token_id)
+        _validate(self.target, drafter, prompt, max_new_tokens, eos_token_id, seed)
         settings = make_settings(
             self.target,
             drafter,
@@ -347,7 +348,7 @@ def _run_batch(
     params = sampling_params(sampling, temperature, top_k, top_p, min_p)
     for i, prompt in enumerate(prompts):  # everything is checked before anything runs
         try:
-            _validate(target, drafter, prompt, max_new_tokens, eos_token_id)
+            _validate(target, drafter, prompt, max_new_tokens, eos_token_id, per_seed[i])
         except ErsdError as exc:
             raise type(exc)(f"prompt {i}: {exc}") from None
     get_method(method)

@@ -32,6 +32,12 @@ from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import RaceNoise, extend_key_many, root_key
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape, parse_tree
+from ersd.validation import (
+    check_eos_ids,
+    check_max_new_tokens,
+    check_seed,
+    check_token_ids,
+)
 
 TreeSpec = str | TreeShape | Sequence[Sequence[int]]
 
@@ -308,7 +314,7 @@ def generate_stream(
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
     drafter, tree = dynamic_tree(tree, drafter, method)  # "dynamic:K": a DynamicDrafter
-    _validate(target, drafter, prompt, max_new_tokens, eos_token_id)
+    _validate(target, drafter, prompt, max_new_tokens, eos_token_id, seed)
     params = sampling_params(sampling, temperature, top_k, top_p, min_p)
     settings = make_settings(
         target,
@@ -399,7 +405,9 @@ def _validate(
     prompt: Sequence[int],
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None,
-) -> None:
+    seed: Any = 0,
+) -> list[int]:
+    """Check every input before anything runs (:mod:`ersd.validation`); the prompt's ids."""
     _check_model(target, "target")
     if draft is not None and draft.vocab_size is not None and draft.vocab_size != target.vocab_size:
         raise VocabularyMismatchError(
@@ -407,42 +415,21 @@ def _validate(
             f"{target.vocab_size}; draft and target must share one tokenizer and vocabulary "
             "(pick a draft from the target's model family)"
         )
-    if isinstance(prompt, str):
+    ids = check_token_ids(prompt, target.vocab_size)
+    check_max_new_tokens(max_new_tokens)
+    check_eos_ids(eos_token_id, target.vocab_size)
+    check_seed(seed)
+    window = target.max_length
+    if window is not None and len(ids) >= window:
         raise GenerationInputError(
-            "prompt must be a list of token ids, not a string; tokenize it first "
-            "(e.g. model.tokenizer.encode(text))"
-        )
-    if len(prompt) == 0:
-        raise GenerationInputError(
-            "prompt is empty; give at least one token (e.g. the tokenizer's BOS token)"
-        )
-    v = target.vocab_size
-    bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < v]
-    if bad:
-        raise GenerationInputError(
-            f"prompt holds token ids outside [0, {v}): {bad[:5]}; check the tokenizer matches "
-            "the model"
-        )
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or (max_new_tokens < 1)
-    ):
-        raise GenerationInputError(
-            f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
-        )
-    for eos in _eos_set(eos_token_id):
-        if not 0 <= eos < v:
-            raise GenerationInputError(f"eos_token_id {eos} is outside [0, {v})")
-    window = getattr(target, "max_length", None)
-    if window is not None and len(prompt) >= window:
-        raise GenerationInputError(
-            f"prompt has {len(prompt)} tokens but the target's context window is {window} "
+            f"prompt has {len(ids)} tokens but the target's context window is {window} "
             "tokens, which leaves no room to generate; shorten the prompt"
         )
+    return ids
 
 
 def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    """The EOS ids as a set (validated by :func:`ersd.validation.check_eos_ids`)."""
     if eos_token_id is None:
         return frozenset()
     if isinstance(eos_token_id, int):

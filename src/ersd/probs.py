@@ -8,12 +8,11 @@ the one the draft was sampled from (a classic silent-losslessness bug).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ersd.errors import InvalidLogitsError, SamplingParamsError
+from ersd.errors import InvalidLogitsError
 
 
 @dataclass(frozen=True)
@@ -26,25 +25,14 @@ class SamplingParams:
     min_p: float | None = None
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if not isinstance(t, int | float) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise SamplingParamsError(
-                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}; "
-                "use e.g. temperature=0.7"
-            )
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise SamplingParamsError(
-                f"top_k must be a positive integer or None (no top-k), got {self.top_k!r}"
-            )
-        if self.top_p is not None and not (0.0 < float(self.top_p) <= 1.0):
-            raise SamplingParamsError(
-                f"top_p must lie in (0, 1] or be None (no nucleus filter), got {self.top_p!r}; "
-                "use e.g. top_p=0.9"
-            )
-        if self.min_p is not None and not (0.0 <= float(self.min_p) < 1.0):
-            raise SamplingParamsError(
-                f"min_p must lie in [0, 1) or be None, got {self.min_p!r}; use e.g. min_p=0.05"
-            )
+        # one set of rules for every entry point (ersd.validation), normalised to plain numbers
+        from ersd.validation import check_sampling
+
+        t, k, p, m = check_sampling(self.temperature, self.top_k, self.top_p, self.min_p)
+        object.__setattr__(self, "temperature", t)
+        object.__setattr__(self, "top_k", k)
+        object.__setattr__(self, "top_p", p)
+        object.__setattr__(self, "min_p", m)
 
     @property
     def greedy(self) -> bool:

@@ -195,7 +195,7 @@ def generate(
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         t0 = time.perf_counter()
         if backend == "llamacpp":
-            if draft_layers:
+            if draft_layers is not None:
                 raise click.UsageError("--draft-layers needs --backend hf")
 
             def load_target(name: str) -> Any:
@@ -203,7 +203,9 @@ def generate(
 
             load_draft_model = load_target
         else:
-            overrides: dict[str, Any] = {"num_hidden_layers": draft_layers} if draft_layers else {}
+            overrides: dict[str, Any] = (
+                {"num_hidden_layers": draft_layers} if draft_layers is not None else {}
+            )
 
             def load_target(name: str) -> Any:
                 return ersd.load_model(name, dtype=dtype, device=device, linear=linear)

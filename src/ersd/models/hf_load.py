@@ -105,6 +105,14 @@ def _transformers_verbosity_error(active: bool) -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+try:
+    from safetensors import SafetensorError as _SafetensorError
+except ImportError:  # pragma: no cover - safetensors comes with the hf extra
+
+    class _SafetensorError(Exception):  # type: ignore[no-redef]
+        pass
+
+
 def _resolve(name: str) -> Path | str:
     """A bundled name's prepared folder, a local folder, or a hub id (returned as a string)."""
     registry, prepare = _bundled()
@@ -156,6 +164,9 @@ def load(
 
     if linear not in LINEAR_MODES:
         raise ValueError(f"linear must be one of {LINEAR_MODES}, got {linear!r}")
+    from ersd.validation import check_device, check_layer_count
+
+    check_device(device)
     quantize = isinstance(dtype, str) and dtype.lower() in QUANTIZED_DTYPES
     if quantize and device != "cpu":
         raise ModelLoadError(
@@ -172,10 +183,15 @@ def load(
             "loading Hugging Face models needs transformers; install it with "
             "`pip install 'ersd[hf]'`"
         ) from exc
-    hint = _memory_hint(name, folder, torch_dtype) if isinstance(folder, Path) else ""
-    if hint:
-        warnings.warn(hint, ResourceWarning, stacklevel=3)
+    if isinstance(folder, Path) and not (folder / "config.json").is_file():
+        raise ModelLoadError(
+            f"{folder} is not a model folder (no config.json); give a bundled name (see `ersd "
+            "models list`), a folder saved with save_pretrained, or a hub id"
+        )
     try:
+        hint = _memory_hint(name, folder, torch_dtype) if isinstance(folder, Path) else ""
+        if hint:
+            warnings.warn(hint, ResourceWarning, stacklevel=3)
         config, unused = AutoConfig.from_pretrained(
             folder, return_unused_kwargs=True, **config_overrides
         )
@@ -184,11 +200,12 @@ def load(
                 f"unknown config overrides {sorted(unused)} for {name}; overrides must be fields "
                 f"of its {type(config).__name__} (e.g. num_hidden_layers=8)"
             )
+        if "num_hidden_layers" in config_overrides:
+            full = int(getattr(AutoConfig.from_pretrained(folder), "num_hidden_layers", 0))
+            check_layer_count(config_overrides["num_hidden_layers"], full)
         # a layer-truncated draft leaves the checkpoint's upper layers unused, as intended: keep
         # transformers' load report (a warning table of every unused weight) quiet then
-        quiet = set(config_overrides) == {"num_hidden_layers"} and int(
-            config_overrides["num_hidden_layers"]
-        ) <= int(getattr(AutoConfig.from_pretrained(folder), "num_hidden_layers", 0))
+        quiet = set(config_overrides) == {"num_hidden_layers"}
         with _transformers_verbosity_error(quiet):
             model: Any = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, dtype=torch_dtype
@@ -197,7 +214,18 @@ def load(
     except ModelLoadError:
         raise
     except MemoryError as exc:
-        raise ModelLoadError(hint or f"out of memory while loading {name}") from exc
+        raise ModelLoadError(f"out of memory while loading {name}") from exc
+    except (ValueError, KeyError) as exc:  # "Unrecognized model", broken config or weights
+        raise ModelLoadError(
+            f"could not load {name}: {exc}; check that it is a complete causal-LM checkpoint "
+            "(config.json, weights, tokenizer files), or prepare a bundled model again with "
+            "`ersd models prepare NAME`"
+        ) from exc
+    except _SafetensorError as exc:  # truncated or corrupt weight files
+        raise ModelLoadError(
+            f"could not read the weights of {name}: {exc}; the file is truncated or corrupt: "
+            "copy it again (bundled models: `ersd models prepare NAME` repairs the cache)"
+        ) from exc
     except OSError as exc:
         where = (
             "a hub id: it needs network access to huggingface.co (or a local copy in the HF cache)"
@@ -205,6 +233,13 @@ def load(
             else f"the folder {folder}"
         )
         raise ModelLoadError(f"could not load {name} from {where}: {exc}") from exc
+    except Exception as exc:  # any other loader failure naming the tokenizer: one clear error
+        if "tokenizer" in str(exc).lower():
+            raise ModelLoadError(
+                f"could not load the tokenizer of {name}: {exc}; the folder needs its tokenizer "
+                "files (tokenizer.json or the tokenizer's vocabulary files)"
+            ) from exc
+        raise
     if device != "cpu":
         model.to(device)
     from ersd.models import cpu

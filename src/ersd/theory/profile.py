@@ -249,6 +249,12 @@ def _read_json(path: str | Path, what: str) -> Any:
         raise RankProfileError(f"{what} file {str(p)!r} does not exist; {_MAKE_ONE}") from None
     except json.JSONDecodeError as exc:
         raise RankProfileError(f"{what} file {str(p)!r} is not valid JSON: {exc}") from None
+    except IsADirectoryError:
+        raise RankProfileError(
+            f"{what} file {str(p)!r} is a directory, not a file; give the JSON file itself"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RankProfileError(f"cannot read {what} file {str(p)!r}: {exc}") from None
 
 
 @dataclass

@@ -32,7 +32,7 @@ def batched_law_test(
     method: str | Method, shape: str, setting: str, draft: str, eos: int | None = None
 ) -> FitResult:
     kw = SETTINGS[setting]
-    law = exact_law(TARGET, PROMPT, LENGTH, ersd.SamplingParams(**kw), eos)
+    law = exact_law(TARGET, PROMPT, LENGTH, kw, eos)
     base = config_seed("batched", str(method), shape, setting, draft, eos)
     results = ersd.generate_batch(
         TARGET.model(),

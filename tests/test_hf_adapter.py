@@ -289,9 +289,12 @@ def test_prompt_longer_than_context_is_rejected(pair) -> None:
     sess = target.start(list(range(510)))
     with pytest.raises(GenerationInputError, match="exceeds the model's context window"):
         sess.score([1, 2, 3], [-1, 0, 1])
+    # generation stops cleanly at the window, keeping every token, with and without a draft
     long_prompt = [i % V for i in range(505)]
-    with pytest.raises(GenerationInputError, match="context window of 512 tokens"):
-        ersd.generate(target, None, long_prompt, max_new_tokens=20)
+    alone = ersd.generate(target, None, long_prompt, max_new_tokens=20)
+    assert len(alone.tokens) == 512 - 505 and alone.finish_reason == "context"
+    spec = ersd.generate(target, pair[1], long_prompt, max_new_tokens=20, tree="chain:4")
+    assert spec.tokens == alone.tokens and spec.finish_reason == "context"
 
 
 def test_vocab_size_is_the_logits_width() -> None:

@@ -98,7 +98,7 @@ def test_auto_backend_by_name(saved: Path) -> None:
     assert loading.backend_for("smollm2-135m") == "hf"
     assert isinstance(ersd.load_model("toy"), ToyModel)
     assert isinstance(ersd.load_model(str(saved), backend="hf"), HFModel)
-    with pytest.raises(ModelLoadError, match="unknown backend 'onnx'.*toy, hf"):
+    with pytest.raises(ModelLoadError, match="unknown backend 'onnx'.*toy, llamacpp, hf"):
         ersd.load_model("toy", backend="onnx")
     with pytest.raises(ModelLoadError, match="unknown toy model 'toy-big'.*toy-draft"):
         ersd.load_model("toy-big", backend="toy")

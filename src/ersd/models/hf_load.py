@@ -113,6 +113,21 @@ except ImportError:  # pragma: no cover - safetensors comes with the hf extra
         pass
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message on one line (library messages often run to several)."""
+    text = " ".join(str(exc).split("\n\n")[0].split())
+    return text or type(exc).__name__
+
+
+def _weight_files(folder: Path | str) -> str:
+    files = (
+        sorted(p.name for p in Path(folder).glob("*.safetensors"))
+        if isinstance(folder, Path)
+        else []
+    )
+    return ", ".join(files) or "its weight files"
+
+
 def _resolve(name: str) -> Path | str:
     """A bundled name's prepared folder, a local folder, or a hub id (returned as a string)."""
     registry, prepare = _bundled()
@@ -206,24 +221,25 @@ def load(
         # a layer-truncated draft leaves the checkpoint's upper layers unused, as intended: keep
         # transformers' load report (a warning table of every unused weight) quiet then
         quiet = set(config_overrides) == {"num_hidden_layers"}
+        tokenizer = AutoTokenizer.from_pretrained(folder)  # cheap: fail before the weights
         with _transformers_verbosity_error(quiet):
             model: Any = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, dtype=torch_dtype
             )
-        tokenizer = AutoTokenizer.from_pretrained(folder)
     except ModelLoadError:
         raise
     except MemoryError as exc:
         raise ModelLoadError(f"out of memory while loading {name}") from exc
     except (ValueError, KeyError) as exc:  # "Unrecognized model", broken config or weights
         raise ModelLoadError(
-            f"could not load {name}: {exc}; check that it is a complete causal-LM checkpoint "
-            "(config.json, weights, tokenizer files), or prepare a bundled model again with "
+            f"could not load {name}: {_first_line(exc)}; check that it is a complete causal-LM "
+            "checkpoint (config.json, weights, tokenizer files), or prepare a bundled model again with "
             "`ersd models prepare NAME`"
         ) from exc
     except _SafetensorError as exc:  # truncated or corrupt weight files
         raise ModelLoadError(
-            f"could not read the weights of {name}: {exc}; the file is truncated or corrupt: "
+            f"could not read the weights of {name} ({_weight_files(folder)}): {_first_line(exc)}; "
+            "the file is truncated or corrupt: "
             "copy it again (bundled models: `ersd models prepare NAME` repairs the cache)"
         ) from exc
     except OSError as exc:
@@ -232,11 +248,12 @@ def load(
             if isinstance(folder, str)
             else f"the folder {folder}"
         )
-        raise ModelLoadError(f"could not load {name} from {where}: {exc}") from exc
+        raise ModelLoadError(f"could not load {name} from {where}: {_first_line(exc)}") from exc
     except Exception as exc:  # any other loader failure naming the tokenizer: one clear error
         if "tokenizer" in str(exc).lower():
             raise ModelLoadError(
-                f"could not load the tokenizer of {name}: {exc}; the folder needs its tokenizer "
+                f"could not load the tokenizer of {name}: {_first_line(exc)}; the folder needs "
+                "its tokenizer "
                 "files (tokenizer.json or the tokenizer's vocabulary files)"
             ) from exc
         raise

@@ -233,8 +233,8 @@ def load(
     except (ValueError, KeyError) as exc:  # "Unrecognized model", broken config or weights
         raise ModelLoadError(
             f"could not load {name}: {_first_line(exc)}; check that it is a complete causal-LM "
-            "checkpoint (config.json, weights, tokenizer files), or prepare a bundled model again with "
-            "`ersd models prepare NAME`"
+            "checkpoint (config.json, weights, tokenizer files), or prepare a bundled model "
+            "again with `ersd models prepare NAME`"
         ) from exc
     except _SafetensorError as exc:  # truncated or corrupt weight files
         raise ModelLoadError(

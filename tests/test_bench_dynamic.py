@@ -9,12 +9,13 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from ersd.bench.runner import Calibration, run_bench
 
+from ersd.bench.calibration import Calibration
 from ersd.bench.config import BenchConfigError, config_from_dict
 from ersd.bench.report import write_report
-from ersd.bench.trees import load_profile
+from ersd.bench.running import run_bench
 from ersd.theory.margin import MarginPredictor
+from ersd.theory.profile import load_profiles, nearest_temperature
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TREES = ["dynamic:4", "dynamic:6@3", "dynamic-cost:6"]
@@ -84,7 +85,7 @@ def test_calibration_file_carries_the_margin_table(dyn_run: Path) -> None:
     prof = cal.profiles[1.0]
     assert prof.margin is not None and prof.margin.num_observations > 0
     # the one profile reader (optimal:K@file uses it too) returns the same table
-    again = load_profile(cal_path, temperature=1.0)
+    again = nearest_temperature(load_profiles(cal_path).profiles, 1.0)
     pred = MarginPredictor.from_profile(again)
     assert pred.table.num_observations == prof.margin.num_observations
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from ersd.bench.runner import run_bench
 
+from ersd.bench.aggregate import read_records
 from ersd.bench.config import BenchConfigError, config_from_dict, load_config
 from ersd.bench.drafters import load_prompt_file
-from ersd.bench.report import read_records, write_report
+from ersd.bench.report import write_report
+from ersd.bench.running import run_bench
 from ersd.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

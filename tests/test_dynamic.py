@@ -350,7 +350,7 @@ def test_recorder_counts_match_the_loops_rank_records() -> None:
 
 
 def test_calibration_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ersd.bench.trees import CALIBRATION_FORMAT, load_profile
+    from ersd.theory.profile import CALIBRATION_FORMAT, load_profiles, nearest_temperature
 
     table = MarginTable.empty(max_depth=3)
     for d, b, r in itertools.product(range(1, 4), (0.01, 0.4, 4.0), range(1, 5)):
@@ -369,11 +369,13 @@ def test_calibration_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyp
         "profiles": {"1.0": prof.to_dict(), "0.7": RankProfile.from_ranks([1]).to_dict()},
     }
     (tmp_path / "cal.json").write_text(json.dumps(cal))
-    picked = load_profile(tmp_path / "cal.json", temperature=1.0)
+    picked = nearest_temperature(load_profiles(tmp_path / "cal.json").profiles, 1.0)
     pred = MarginPredictor.from_profile(picked)
     np.testing.assert_array_equal(pred.table.counts, table.counts)
     with pytest.raises(ErsdError, match="no margin table"):
-        MarginPredictor.from_profile(load_profile(tmp_path / "cal.json", temperature=0.7))
+        MarginPredictor.from_profile(
+            nearest_temperature(load_profiles(tmp_path / "cal.json").profiles, 0.7)
+        )
     # a profile without margins still writes the version-1 format unchanged
     assert "margin" not in RankProfile.from_ranks([1]).to_dict()
 

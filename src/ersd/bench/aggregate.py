@@ -87,22 +87,26 @@ class Row:
     bound: float | None = None
     identical: tuple[int, int] | None = None  # (runs identical to target-only, runs)
     extra: dict[str, Any] = field(default_factory=dict)
+    drafter: str | None = None  # drafter spec (model-free / hybrid); None: the draft model
 
     @property
     def label(self) -> str:
         if self.method in BASELINE_METHODS:
             return self.method
-        if self.method == "hf-assisted":
-            return f"hf-assisted (k={self.k})"
+        if self.method in ("hf-assisted", "hf-prompt-lookup"):
+            return f"{self.method} (k={self.k})"
         tree = self.tree or ""
         if len(tree) > 28:
             tree = tree[:25] + "..."
         tag = f" [{self.choice}]" if self.choice else ""
-        return f"{self.method} {tree}{tag}"
+        return f"{self.method} {tree}{tag}" + (f" @{self.drafter}" if self.drafter else "")
 
 
-def _key(r: dict[str, Any]) -> tuple[float, str, str | None, int | None]:
-    return (float(r["temperature"]), r["method"], r.get("tree"), r.get("k"))
+Key = tuple[float, str, str | None, int | None, str | None]
+
+
+def _key(r: dict[str, Any]) -> Key:
+    return (float(r["temperature"]), r["method"], r.get("tree"), r.get("k"), r.get("drafter"))
 
 
 def _per_prompt(values: dict[str, list[float]]) -> list[float]:
@@ -119,14 +123,12 @@ def summarise(
         if r["method"] in BASELINE_METHODS:
             base[(r["method"], r["prompt_id"], float(r["temperature"]), int(r["seed"]))] = r
     profiles, vocab = _profiles(metas)
-    groups: dict[tuple[float, str, str | None, int | None], list[dict[str, Any]]] = defaultdict(
-        list
-    )
+    groups: dict[Key, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         groups[_key(r)].append(r)
     rows = []
     for key, recs in groups.items():
-        temp, method, tree, k = key
+        temp, method, tree, k, drafter = key
         be: dict[str, list[float]] = defaultdict(list)
         tps: dict[str, list[float]] = defaultdict(list)
         sp: dict[str, list[float]] = defaultdict(list)
@@ -173,7 +175,11 @@ def summarise(
             },
             prediction=recs[0].get("prediction"),
             identical=(ident[0], ident[1]) if ident[1] else None,
+            drafter=drafter,
         )
+        sources = source_totals(recs)
+        if sources:
+            row.extra["sources"] = sources
         prof = profiles.get(temp)  # theory only where a profile was measured at this T
         if method == "ersd" and prof is not None:
             paths = _paths(recs[0], metas)
@@ -182,8 +188,29 @@ def summarise(
             if k and vocab:
                 row.bound = block_efficiency_bound(prof.rank_probs(), k, vocab)
         rows.append(row)
-    rows.sort(key=lambda r: (-r.temperature, report_order(r.method), r.k or 0, r.tree or ""))
+    rows.sort(
+        key=lambda r: (
+            -r.temperature,
+            report_order(r.method),
+            r.k or 0,
+            r.drafter or "",
+            r.tree or "",
+        )
+    )
     return rows
+
+
+def source_totals(recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per-source proposed / accepted / seconds summed over records (drafter runs only)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in recs:
+        for name, st in (r.get("drafter_stats") or {}).items():
+            tot = out.setdefault(name, {"proposed": 0, "accepted": 0, "seconds": 0.0})
+            for f in tot:
+                tot[f] += st[f]
+    for tot in out.values():
+        tot["acceptance_rate"] = tot["accepted"] / tot["proposed"] if tot["proposed"] else 0.0
+    return out
 
 
 def _profiles(metas: list[dict[str, Any]]) -> tuple[dict[float, RankProfile], int | None]:
@@ -256,9 +283,10 @@ def best_per_method(rows: list[Row], metric: str = "speedup") -> dict[str, dict[
         value = getattr(r, metric)
         if r.method in BASELINE_METHODS or r.k is None or value is None:
             continue
-        cur = out.setdefault(r.method, {}).get(r.k)
+        name = r.method + (f" @{r.drafter}" if r.drafter else "")
+        cur = out.setdefault(name, {}).get(r.k)
         if cur is None or value.mean > getattr(cur, metric).mean:
-            out[r.method][r.k] = r
+            out[name][r.k] = r
     return out
 
 
@@ -279,6 +307,8 @@ def ersd_vs_hf(
         for k, row in sorted(best.items()):
             ratios: dict[str, list[float]] = defaultdict(list)
             for r in results:
+                if r.get("drafter"):
+                    continue
                 if (float(r["temperature"]), r["method"], r.get("tree"), r.get("k")) != (
                     temp,
                     "ersd",
@@ -313,6 +343,7 @@ def row_dict(r: Row) -> dict[str, Any]:
         "k": r.k,
         "choice": r.choice,
         "aliases": r.aliases,
+        "drafter": r.drafter,
         "n_prompts": r.n_prompts,
         "block_efficiency": iv(r.block_efficiency),
         "tokens_per_second": iv(r.tokens_per_second),

@@ -2,10 +2,12 @@
 
 On the calibration prompt split (never the evaluation one): run ERSD with a chain drafter and
 record the rank of the target's race winner in the drafter's race at every verified context, per
-depth (:class:`ersd.theory.RankProfile`); time target and draft forwards as a function of the
+depth (:class:`ersd.theory.RankProfile`), and the same ranks by draft-race margin through a
+:class:`ersd.drafting.MarginRecorder` (the profile's margin table, which dynamic trees' acceptance
+predictor reads: :mod:`ersd.bench.dynamic`); time target and draft forwards as a function of the
 number of new tokens (:func:`ersd.bench.costs.measure_costs`) and the per-step overheads; from
-both, pick the optimal-per-call tree at each budget and the cost-aware tree.  The file is read back
-with the library's one reader, :func:`ersd.theory.load_profiles`.  Progress goes to a ``log``
+both, pick the optimal-per-call tree at each budget and the cost-aware tree. The file is read back
+with the library's one reader, :func:`ersd.theory.load_profiles`. Progress goes to a ``log``
 callback (default: the ``ersd.bench`` logger) and an optional tqdm bar.
 """
 
@@ -23,6 +25,7 @@ from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import CostModel, choose_trees, measure_costs
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.drafting import MarginRecorder
 from ersd.theory import RankProfile, RankProfileError, rank_entropy
 from ersd.theory.profile import CALIBRATION_FORMAT, load_profiles, tree_depth_probs
 
@@ -86,7 +89,9 @@ def calibrate(
     """Measure rank profiles (per calibration temperature) and forward costs; choose trees."""
     pair = pair or load_pair(cfg.models)
     c = cfg.calibrate
-    prompts = load_prompts(cfg.prompts.sets, "calib", max(cfg.prompts.calib_count, 1))
+    prompts = load_prompts(
+        cfg.prompts.sets, "calib", max(cfg.prompts.calib_count, 1), cfg.prompts.file
+    )
     ids_list = [
         encode_prompt(pair.tokenizer, p, cfg.prompts.template, cfg.prompts.max_prompt_tokens)
         for p in prompts
@@ -99,11 +104,12 @@ def calibrate(
     stats: dict[str, Any] = {}
     for temp in c.temperatures:
         results = []
+        recorder = MarginRecorder(pair.draft)  # ranks by draft-race margin (dynamic trees)
         for i, ids in enumerate(ids_list):
             bar.set_postfix_str(f"T={temp} {prompts[i].id} ersd {c.tree}")
             res = ersd.generate(
                 pair.target,
-                pair.draft,
+                recorder,
                 ids,
                 max_new_tokens=c.max_new_tokens,
                 method="ersd",
@@ -125,6 +131,7 @@ def calibrate(
             draft=cfg.models.draft,
             dtype=cfg.models.dtype,
         )
+        prof.margin = recorder.table
         profiles[temp] = prof
         tokens = sum(len(r.tokens) for r in results)
         calls = sum(r.target_calls for r in results)

@@ -128,7 +128,14 @@ def hf_prompt_lookup(
     """
     from transformers import GenerationConfig
 
-    tm = target.model
+    from ersd.models.hf import HFModel
+
+    if not isinstance(target, HFModel):
+        raise TypeError(
+            "hf_prompt_lookup needs a Hugging Face target (ersd.models.hf.HFModel), got "
+            f"{type(target).__name__}"
+        )
+    tm = target.hf_module
     eos = list(eos_token_id or [])
     gen_cfg = GenerationConfig(
         do_sample=temperature > 0,

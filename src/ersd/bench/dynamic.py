@@ -23,6 +23,7 @@ from typing import Any
 import ersd
 from ersd.drafting.dynamic import DynamicDrafter, DynamicSpec, MarginEvent, parse_dynamic
 from ersd.theory.margin import MarginPredictor
+from ersd.theory.profile import nearest_temperature
 from ersd.tree import TreeShape
 
 
@@ -56,13 +57,11 @@ class DynamicSetup:
 def setup(spec: str, calibration: Any, temperature: float) -> DynamicSetup | None:
     """The calibrated settings of ``spec`` at ``temperature``; None when the calibration has no
     margin table (or no cost curves for ``dynamic-cost``): the entry is then skipped."""
-    from ersd.bench.trees import pick_profile
-
     s = parse_dynamic(spec)
     assert s is not None
     if calibration is None or not calibration.profiles:
         return None
-    prof = pick_profile(calibration.profiles, temperature)
+    prof = nearest_temperature(calibration.profiles, temperature)
     if prof.margin is None or (s.cost_aware and calibration.costs is None):
         return None
     return DynamicSetup(s, MarginPredictor.from_profile(prof), calibration.costs)

@@ -119,6 +119,7 @@ def markdown(
                     f"{ms['wall']:.0f} | {ms['other'] / ms['wall'] if ms['wall'] else 0:.1%} |"
                 )
         lines.append("")
+        lines += _sources_table(trs)
         dep = (dependence or {}).get(temp)
         if dep:
             lines += [
@@ -139,3 +140,25 @@ def markdown(
     for f in figures:
         lines += [f"![{Path(f).stem}]({Path(f).name})", ""]
     return "\n".join(lines)
+
+
+def _sources_table(rows: list[Row]) -> list[str]:
+    """Per-source acceptance of the model-free / hybrid drafters (empty without drafter runs)."""
+    with_sources = [r for r in rows if r.extra.get("sources")]
+    if not with_sources:
+        return []
+    lines = [
+        "Per-source acceptance of the drafters (draft tokens over all runs; a token two "
+        "sources proposed counts for both; the last step of a run is not counted):",
+        "",
+        "| configuration | source | proposed | accepted | accepted / proposed | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in with_sources:
+        for name, st in r.extra["sources"].items():
+            lines.append(
+                f"| {r.label} | {name} | {st['proposed']:.0f} | {st['accepted']:.0f} | "
+                f"{st['acceptance_rate']:.1%} | {st['seconds']:.2f} |"
+            )
+    lines.append("")
+    return lines

@@ -3,7 +3,11 @@
 Target-only sampling (the speedup denominator), the two-token target-only baseline, Hugging Face
 assisted generation at each budget, and every method × natural shape × budget
 (:func:`ersd.bench.trees.natural_shapes`), plus ERSD's optimal-per-call and cost-aware trees from
-the calibration and the config's extra ``run.trees``.  One shape run by one method twice (under two
+the calibration and the config's extra ``run.trees`` (``dynamic[-cost]:K`` specs among them run
+with a calibrated :class:`ersd.drafting.DynamicDrafter`: :mod:`ersd.bench.dynamic`).  Each
+``run.drafters`` spec (model-free / hybrid drafters, :mod:`ersd.bench.drafters`) runs every
+method × natural shape × budget again with that drafter, and ``hf-prompt-lookup`` (a baseline)
+runs at each budget.  One shape run by one method twice (under two
 specs) is one :class:`Entry` with aliases.
 """
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ersd
+from ersd.bench import dynamic as dynamic_trees
 from ersd.bench.calibration import Calibration
 from ersd.bench.config import BenchConfig
 from ersd.bench.costs import predict
@@ -25,24 +30,27 @@ from ersd.tree import TreeShape, parse_tree
 class Entry:
     """One configuration to run on every prompt × seed at one temperature."""
 
-    method: str  # a registry method, "target-only", "target-only-2tok" or "hf-assisted"
+    method: str  # a registry method, "target-only", "target-only-2tok" or an HF baseline
     tree: str | None = None
     shape: TreeShape | None = None
     k: int | None = None
     choice: str | None = None  # "optimal-per-call" / "cost-aware" / None
     aliases: list[str] = field(default_factory=list)
     prediction: dict[str, Any] | None = None
+    drafter: str | None = None  # a drafter spec (run.drafters); None: the draft model
+    dynamic: dynamic_trees.DynamicSetup | None = None  # a dynamic:K tree's calibrated settings
 
     @property
     def label(self) -> str:
-        return self.method + (f" {self.tree}" if self.tree else f" k={self.k}" if self.k else "")
+        tail = f" {self.tree}" if self.tree else f" k={self.k}" if self.k else ""
+        return self.method + tail + (f" @{self.drafter}" if self.drafter else "")
 
 
 def needs_profile(cfg: BenchConfig) -> bool:
     r = cfg.run
     trees = [s for specs in r.trees.values() for s in specs]
     return ("ersd" in r.methods and (r.optimal or r.cost_aware)) or any(
-        s.startswith(("optimal:", "cost-aware")) for s in trees
+        s.startswith(("optimal:", "cost-aware")) or dynamic_trees.is_dynamic(s) for s in trees
     )
 
 
@@ -58,6 +66,11 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
     depth_probs = cal.depth_probs(temperature) if cal and cal.profiles else None
 
     def add(method: str, spec: str, k: int | None, choice: str | None = None) -> None:
+        if dynamic_trees.is_dynamic(spec):  # grown per step by ersd.drafting.DynamicDrafter
+            dyn = dynamic_trees.setup(spec, cal, temperature)
+            if dyn is not None:
+                entries.append(Entry(method, spec, None, dyn.spec.budget, dynamic=dyn))
+            return
         if spec == "cost-aware":
             if cal is None or not cal.choices:
                 return
@@ -83,6 +96,12 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
     for k in r.budgets:
         if "hf-assisted" in r.baselines:
             entries.append(Entry("hf-assisted", k=k))
+        if "hf-prompt-lookup" in r.baselines:
+            entries.append(Entry("hf-prompt-lookup", k=k))
+        for drafter in r.drafters:  # model-free / hybrid drafters: natural shapes, no merging
+            for method in r.methods:
+                for spec in natural_shapes(method, k, r.shapes):
+                    entries.append(Entry(method, spec, parse_tree(spec), k, drafter=drafter))
         for method in r.methods:
             for spec in natural_shapes(method, k, r.shapes):
                 add(method, spec, k)
@@ -121,4 +140,5 @@ def entry_meta(e: Entry) -> dict[str, Any]:
         "aliases": e.aliases,
         "paths": [list(p) for p in e.shape.paths] if e.shape else None,
         "prediction": e.prediction,
+        "drafter": e.drafter,
     }

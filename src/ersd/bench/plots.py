@@ -26,15 +26,18 @@ def plot_block_efficiency(rows: list[Row], path: Path) -> None:
             for r in rows
             if r.temperature == temp
             and r.k
-            and r.method != "hf-assisted"
+            and r.method not in ("hf-assisted", "hf-prompt-lookup")
             and r.method not in BASELINE_METHODS
         ]
         by_method: dict[str, dict[int, Row]] = defaultdict(dict)
         for r in trs:
-            cur = by_method[r.method].get(r.k or 0)
+            name = r.method + (f" @{r.drafter}" if r.drafter else "")
+            cur = by_method[name].get(r.k or 0)
             if cur is None or r.block_efficiency.mean > cur.block_efficiency.mean:
-                by_method[r.method][r.k or 0] = r
-        for method, per_k in sorted(by_method.items(), key=lambda kv: report_order(kv[0])):
+                by_method[name][r.k or 0] = r
+        for method, per_k in sorted(
+            by_method.items(), key=lambda kv: report_order(kv[0].split(" @")[0])
+        ):
             ks = sorted(per_k)
             means = [per_k[k].block_efficiency.mean for k in ks]
             err = [
@@ -122,7 +125,7 @@ def plot_speedup(rows: list[Row], path: Path) -> None:
         best = best_per_method([r for r in rows if r.temperature == temp])
         bars = [
             (m, k, r)
-            for m, per_k in sorted(best.items(), key=lambda kv: report_order(kv[0]))
+            for m, per_k in sorted(best.items(), key=lambda kv: report_order(kv[0].split(" @")[0]))
             for k, r in sorted(per_k.items())
         ]
         x = np.arange(len(bars))

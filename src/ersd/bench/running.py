@@ -23,10 +23,12 @@ from typing import Any, TextIO
 import torch
 
 import ersd
+from ersd.bench import dynamic as dynamic_trees
 from ersd.bench.baselines import hf_assisted, target_only_two_token
 from ersd.bench.calibration import Calibration, calibrate, eos_ids, progress_bar
 from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import choose_trees, measure_costs
+from ersd.bench.drafters import drafter_fields, hf_prompt_lookup, make_drafter
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.planning import Entry, entry_meta, estimate_seconds, needs_profile, plan
 from ersd.bench.prompts import Prompt, encode_prompt, load_prompts
@@ -135,10 +137,35 @@ def run_entry(
             num_assistant_tokens=entry.k,
             eos_token_id=eos,
         )
+    if entry.method == "hf-prompt-lookup":
+        assert entry.k is not None
+        return hf_prompt_lookup(
+            pair.target,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            num_tokens=entry.k,
+            eos_token_id=eos,
+        )
+    if entry.dynamic is not None:
+        res, extra = dynamic_trees.run_dynamic(
+            entry.dynamic,
+            pair.target,
+            pair.draft,
+            ids,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            eos=eos,
+        )
+        return {**_result_fields(res, entry.method), **extra}
     assert entry.shape is not None
+    # a fresh drafter per run: its per-source stats are this run's alone
+    drafter = make_drafter(entry.drafter, pair.draft) if entry.drafter else pair.draft
     res = ersd.generate(
         pair.target,
-        pair.draft,
+        drafter,
         ids,
         max_new_tokens=max_new_tokens,
         method=entry.method,
@@ -147,7 +174,10 @@ def run_entry(
         seed=seed,
         eos_token_id=eos,
     )
-    return _result_fields(res, entry.method)
+    return {
+        **_result_fields(res, entry.method),
+        **drafter_fields(drafter if entry.drafter else None),
+    }
 
 
 def run_bench(
@@ -166,10 +196,11 @@ def run_bench(
         torch.set_num_threads(cfg.models.threads)
     t_load = time.perf_counter()
     pair = pair or load_pair(cfg.models)
-    if pair.is_hf is False and "hf-assisted" in cfg.run.baselines:
+    hf_baselines = [b for b in ("hf-assisted", "hf-prompt-lookup") if b in cfg.run.baselines]
+    if pair.is_hf is False and hf_baselines:
         raise BenchConfigError(
-            f"run.baselines lists 'hf-assisted' but {cfg.models.target!r} is not a Hugging Face "
-            "model; remove 'hf-assisted' from run.baselines or use HF models"
+            f"run.baselines lists {hf_baselines[0]!r} but {cfg.models.target!r} is not a "
+            f"Hugging Face model; remove {hf_baselines[0]!r} from run.baselines or use HF models"
         )
     log(f"[bench] {cfg.name}: {pair.description}, loaded in {time.perf_counter() - t_load:.1f}s")
     if calibration is None and needs_profile(cfg):
@@ -182,7 +213,7 @@ def run_bench(
             log(f"[bench] calibration saved to {cal_path}")
     if calibration is not None and calibration.costs is None and cfg.run.cost_aware:
         log("[bench] the profile file has no cost curves: measuring them now")
-        prompts = load_prompts(cfg.prompts.sets, "calib", 1)
+        prompts = load_prompts(cfg.prompts.sets, "calib", 1, cfg.prompts.file)
         ids0 = encode_prompt(
             pair.tokenizer, prompts[0], cfg.prompts.template, cfg.prompts.max_prompt_tokens
         )
@@ -196,7 +227,7 @@ def run_bench(
                 cfg.run.budgets,
                 cfg.calibrate.max_candidate_nodes,
             )
-    prompts = load_prompts(cfg.prompts.sets, "eval", cfg.prompts.count)
+    prompts = load_prompts(cfg.prompts.sets, "eval", cfg.prompts.count, cfg.prompts.file)
     encoded = [
         encode_prompt(pair.tokenizer, p, cfg.prompts.template, cfg.prompts.max_prompt_tokens)
         for p in prompts
@@ -294,6 +325,7 @@ def _record(
         "depth": e.shape.depth if e.shape else None,
         "choice": e.choice,
         "aliases": e.aliases,
+        "drafter": e.drafter,
         "order": order,
         "timestamp": time.time(),
     }

@@ -161,7 +161,7 @@ def run(
                 for e in entries:
                     click.echo(f"  {e.label}" + (f"  [{e.choice}]" if e.choice else ""))
             if cal is None:
-                click.echo("(optimal and cost-aware trees are added after calibration)")
+                click.echo("(optimal, cost-aware and dynamic trees are added after calibration)")
             return
         from ersd.bench.running import run_bench
 

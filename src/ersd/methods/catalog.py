@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from ersd.errors import UnknownMethodError
 
 #: the benchmark's reference runs, listed before every method in reports
-BASELINE_ORDER: tuple[str, ...] = ("target-only", "target-only-2tok", "hf-assisted")
+BASELINE_ORDER: tuple[str, ...] = (
+    "target-only",
+    "target-only-2tok",
+    "hf-assisted",
+    "hf-prompt-lookup",
+)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ target's race winner had rank ``r`` in the draft's race (``r = 1 .. max_rank``, 
 "deeper than ``max_rank``", which also holds never-drafted tokens).  It is stored inside a rank
 profile (``RankProfile.margin``, key ``"margin"`` of the ``ersd-rank-profile`` JSON), so a
 calibration file written by ``ersd bench calibrate`` carries it and the library's one profile
-reader (:meth:`ersd.theory.RankProfile.load`, :func:`ersd.bench.trees.load_profile`) reads it.
+reader (:meth:`ersd.theory.RankProfile.load`, :func:`ersd.theory.profile.load_profiles`) reads it.
 
 :class:`MarginPredictor` turns a table into ``P(R = r | margin bucket, depth)`` with hierarchical
 shrinkage (depth-and-bucket → bucket → all → a geometric prior) so that sparse cells borrow from

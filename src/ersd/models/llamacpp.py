@@ -97,12 +97,13 @@ def resolve_gguf(name_or_path: str | os.PathLike[str], cache_dir: Any = None) ->
     from ersd.models import bundled
 
     text = str(name_or_path)
-    if bundled.is_bundled(text):
-        return bundled.assemble(text, progress=False, cache_dir=cache_dir)
+    if text in bundled.BUNDLED:
+        # kept in the cache and checksum-verified (prepare never deletes it)
+        return bundled.gguf_path(text, cache_dir, ensure=True)
     path = Path(text).expanduser()
     if not path.is_file():
         raise ModelLoadError(
-            f"{text!r} is neither a bundled model ({', '.join(bundled.known_names())}) nor a "
+            f"{text!r} is neither a bundled model ({', '.join(bundled.BUNDLED)}) nor a "
             "GGUF file; the llama.cpp backend loads bundled names or paths to .gguf files"
         )
     if not is_gguf(path):
@@ -140,7 +141,7 @@ def load_model(
     path = resolve_gguf(name_or_path, cache_dir)
     from ersd.models import bundled
 
-    name = str(name_or_path) if bundled.is_bundled(str(name_or_path)) else path.name
+    name = str(name_or_path) if str(name_or_path) in bundled.BUNDLED else path.name
     return LlamaCppModel(
         path,
         name=name,

@@ -117,7 +117,7 @@ def law_test(
     n: int = N,
 ) -> FitResult:
     kw = SETTINGS[setting]
-    law = exact_law(TARGET, PROMPT, LENGTH, ersd.SamplingParams(**kw))
+    law = exact_law(TARGET, PROMPT, LENGTH, kw)
     target = TARGET.model()
     name = method if isinstance(method, str) else method.name
     draft = DRAFTERS[drafter](name)

@@ -120,7 +120,6 @@ def serve(
 ) -> None:
     """Serve TARGET (speculating with DRAFT) over an OpenAI-compatible HTTP API."""
     import ersd
-    from ersd.bench.trees import resolve_tree
     from ersd.errors import ErsdError
 
     try:
@@ -134,7 +133,7 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         ersd.get_method(method)
-        shape = resolve_tree(tree) if draft.lower() != "none" else None
+        shape = ersd.parse_tree(tree) if draft.lower() != "none" else None
         if shape is not None:
             ersd.get_method(method).check_shape(shape)
         t0 = time.perf_counter()

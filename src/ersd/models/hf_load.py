@@ -181,13 +181,13 @@ def load(
         raise ValueError(f"linear must be one of {LINEAR_MODES}, got {linear!r}")
     from ersd.validation import check_device, check_layer_count
 
-    check_device(device)
     quantize = isinstance(dtype, str) and dtype.lower() in QUANTIZED_DTYPES
     if quantize and device != "cpu":
         raise ModelLoadError(
             f"dtype 'int8' (dynamic quantization) runs on CPU only, not on {device!r}; use "
             "'bfloat16' or 'float16' there"
         )
+    check_device(device)
     torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
     name = str(name_or_path)
     folder = _resolve(name)

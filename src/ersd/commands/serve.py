@@ -140,11 +140,11 @@ def serve(
         tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
         dmodel = None
         if draft.lower() != "none":
-            overrides = {"num_hidden_layers": draft_layers} if draft_layers else {}
+            overrides = {"num_hidden_layers": draft_layers} if draft_layers is not None else {}
             dmodel = ersd.load_model(
                 draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
             )
-            tmodel.same_tokenizer(dmodel)
+            tmodel.check_compatible(dmodel)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(

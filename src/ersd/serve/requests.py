@@ -205,9 +205,7 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | None
             "profile files are read on the server only; start the server with "
             "--tree optimal:K@FILE instead",
         )
-    from ersd.bench.trees import resolve_tree
-
     try:
-        return resolve_tree(spec)
+        return parse_tree(spec)
     except ErsdError as exc:
         raise _bad("tree", f"{exc} (or 'none' for target-only decoding)") from None

@@ -251,6 +251,7 @@ class _OffByOne:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.vocab_size = inner.vocab_size
+        self.max_length = inner.max_length
 
     def start(self, prompt: Sequence[int]) -> Any:
         return self.inner.start(list(prompt)[:-1])

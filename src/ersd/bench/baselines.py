@@ -48,6 +48,31 @@ def target_only_two_token(
     )
 
 
+def neutral_generation_config(
+    temperature: float, max_new_tokens: int, eos: list[int], **extra: Any
+) -> Any:
+    """A transformers ``GenerationConfig`` that samples the plain target law at ``temperature``.
+
+    Every filter is set to its neutral value explicitly: ``None`` would be filled in from the
+    model's own generation config (Qwen's ships top_k=20, top_p=0.8, repetition_penalty=1.1).
+    """
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=None if eos else max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+        **extra,
+    )
+
+
 class _ForwardTimer:
     """Counts and times the top-level forward calls of a torch module (pre/post hooks)."""
 
@@ -101,20 +126,7 @@ def hf_assisted(
         )
     tm, dm = target.hf_module, draft.hf_module
     eos = list(eos_token_id or [])
-    gen_cfg = GenerationConfig(
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        # explicit neutral values: None would be filled in from the model's generation config
-        # (Qwen's ships top_k=20, top_p=0.8, repetition_penalty=1.1)
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=None if eos else max_new_tokens,
-        eos_token_id=eos or None,
-        pad_token_id=eos[0] if eos else 0,
-    )
+    gen_cfg = neutral_generation_config(temperature, max_new_tokens, eos)
     saved = dm.generation_config
     dm.generation_config = GenerationConfig(
         **{

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ersd.bench.baselines import _ForwardTimer
+from ersd.bench.baselines import _ForwardTimer, neutral_generation_config
 from ersd.bench.config import BenchConfigError
 from ersd.drafting import Drafter, DrafterConfigError, parse_drafter
 
@@ -126,7 +126,6 @@ def hf_prompt_lookup(
 
     Same neutral sampling settings as :func:`ersd.bench.baselines.hf_assisted`; no draft model.
     """
-    from transformers import GenerationConfig
 
     from ersd.models.hf import HFModel
 
@@ -137,17 +136,10 @@ def hf_prompt_lookup(
         )
     tm = target.hf_module
     eos = list(eos_token_id or [])
-    gen_cfg = GenerationConfig(
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=None if eos else max_new_tokens,
-        eos_token_id=eos or None,
-        pad_token_id=eos[0] if eos else 0,
+    gen_cfg = neutral_generation_config(
+        temperature,
+        max_new_tokens,
+        eos,
         prompt_lookup_num_tokens=num_tokens,
         max_matching_ngram_size=ngram,
     )

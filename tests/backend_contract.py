@@ -243,6 +243,48 @@ def check_bad_arguments_raise(case: BackendCase, model: LanguageModel) -> None:
             sess.commit(tokens, path)
 
 
+def check_batched_rows(case: BackendCase, model: LanguageModel) -> None:
+    """Several sessions scored together (``score_many``: one forward where the backend has
+    ``score_batch``): ragged prompts and trees, rows in prefill next to rows mid-generation, rows
+    leaving and joining; every row equals its path's plain logits and each cache stays within its
+    own committed sequence + pending nodes."""
+    from ersd.models.batch import score_many
+
+    rng = random.Random(21)
+    top = min(model.vocab_size, case.max_token)
+
+    def new_driver() -> Driver:
+        return Driver(case, model, [rng.randrange(top) for _ in range(rng.randrange(1, 12))])
+
+    drivers = [new_driver() for _ in range(3)]
+    for step in range(case.steps):
+        calls: list[tuple[list[int], list[int]]] = []
+        for drv in drivers:
+            if rng.random() < 0.3:  # drafter style: root only
+                calls.append(([], []))
+            else:
+                par = random_parents(rng, len(drv.ptok), rng.randrange(0, 6))
+                calls.append(([drv.token(rng) for _ in par], par))
+        firsts = [len(d.ptok) for d in drivers]
+        outs = score_many(model, [d.session for d in drivers], calls)
+        assert len(outs) == len(drivers)
+        for drv, (tokens, parents), first, rows in zip(drivers, calls, firsts, outs, strict=True):
+            assert rows.shape == (1 + len(tokens), model.vocab_size)
+            drv.ptok += tokens
+            drv.ppar += parents
+            drv.expect(rows[0], list(drv.session.committed))
+            for i in range(len(tokens)):
+                drv.expect(rows[1 + i], drv.seq(first + i))
+            drv.check_cache(pending=len(drv.ptok))
+        if step % 2 == 1:  # commit a random accepted path in every row
+            for drv in drivers:
+                path = random_path(rng, drv.ppar)
+                extra = [drv.token(rng) for _ in range(rng.choice([0, 1, 2]))]
+                drv.commit([drv.ptok[i] for i in path] + extra, path)
+            if step == 1:  # one row finishes, a new one (a prompt to prefill) joins
+                drivers = [*drivers[1:], new_driver()]
+
+
 CHECKS: dict[str, Callable[[BackendCase, Any], None]] = {
     "protocol": check_protocol,
     "tree_rows": check_tree_rows,
@@ -250,6 +292,7 @@ CHECKS: dict[str, Callable[[BackendCase, Any], None]] = {
     "empty_score_is_the_root": check_empty_score_is_the_root,
     "cache_bounded": check_cache_bounded,
     "bad_arguments_raise": check_bad_arguments_raise,
+    "batched_rows": check_batched_rows,
 }
 
 

@@ -197,6 +197,14 @@ class HFModel:
             )
         return HFSession(self, prompt)
 
+    def score_batch(
+        self, sessions: Sequence[Any], calls: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[torch.Tensor]:
+        """Score several sessions' calls in one forward (see :mod:`ersd.models.hf_batch`)."""
+        from ersd.models.hf_batch import score_batch
+
+        return score_batch(self, sessions, calls)
+
     def check_compatible(self, other: TextModel) -> None:
         """Raise :class:`ersd.VocabularyMismatchError` unless ``other`` tokenizes exactly like
         ``self``: the verifier compares the two models' probabilities token id by token id."""

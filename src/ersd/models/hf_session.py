@@ -23,6 +23,7 @@ back to scoring every root-to-leaf path of the new nodes as one row of a batch, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +33,22 @@ from ersd.models.base import check_commit_args, check_tree_args
 
 if TYPE_CHECKING:
     from ersd.models.hf import HFModel
+
+
+@dataclass
+class MaskPlan:
+    """One session's share of a tree-mask forward (see :meth:`HFSession.plan_mask`)."""
+
+    ids: list[int]  # uncached committed tail, then the new nodes
+    positions: list[int]
+    allowed: torch.Tensor | None  # [q, past + q] bool, None = plain causal
+    past: int  # cache entries before the forward
+    tail: int  # committed tokens fed (the first `tail` ids)
+    keep: int  # logits rows the session needs (the last `keep` of the q rows)
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    ancestors: list[list[int]]
 
 
 class HFSession:
@@ -68,23 +85,8 @@ class HFSession:
         check_tree_args(tokens, parents, num_pending)
         if n == 0 and self._root is not None:
             return self._root.unsqueeze(0)
-        depths: list[int] = []
-        for p in parents:
-            if p < 0:
-                depths.append(1)
-            elif p < num_pending:
-                depths.append(self._pdepth[p] + 1)
-            else:
-                depths.append(depths[p - num_pending] + 1)
-        length = len(self._committed)
-        top = length + (max(depths) if n else 0)  # one past the largest position fed
-        window = self.owner.max_length
-        if window is not None and top > window:
-            raise GenerationInputError(
-                f"the sequence ({length} tokens) plus a draft tree of depth {top - length} exceeds "
-                f"the model's context window of {window} tokens; lower "
-                "max_new_tokens, the tree depth or the prompt length"
-            )
+        depths = self.depths_of(parents)
+        self._check_window(depths)
         if not self._mode:
             self._mode = self.owner.resolved_tree_attention() if n else ""
         with torch.no_grad():
@@ -93,6 +95,17 @@ class HFSession:
             else:
                 rows = self._score_mask(tokens, parents, depths)
         return rows
+
+    def _check_window(self, depths: list[int]) -> None:
+        length = len(self._committed)
+        top = length + (max(depths) if depths else 0)  # one past the largest position fed
+        window = self.owner.max_length
+        if window is not None and top > window:
+            raise GenerationInputError(
+                f"the sequence ({length} tokens) plus a draft tree of depth {top - length} exceeds "
+                f"the model's context window of {window} tokens; lower "
+                "max_new_tokens, the tree depth or the prompt length"
+            )
 
     def _ancestors(self, parents: Sequence[int]) -> list[list[int]]:
         """Pending indices of each new node's ancestors, itself included, root side first."""
@@ -125,7 +138,25 @@ class HFSession:
         self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
     ) -> torch.Tensor:
         owner = self.owner
-        dev = owner.device
+        plan = self.plan_mask(tokens, parents, depths)
+        mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
+        if plan.allowed is not None:
+            mask = owner._additive(plan.allowed)
+            if owner.sliding_window is not None:
+                mask = {
+                    "full_attention": mask,
+                    "sliding_attention": owner._additive(plan.allowed & self._near(plan)),
+                }
+        ids = torch.tensor([plan.ids], dtype=torch.long, device=owner.device)
+        positions = torch.tensor([plan.positions], dtype=torch.long, device=owner.device)
+        logits = owner._forward(ids, positions, self._cache, mask, plan.keep)[0].float()
+        return self.finish_mask(plan, logits)
+
+    def plan_mask(
+        self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
+    ) -> MaskPlan:
+        """What one tree-mask forward of this call feeds: ids, positions, the ``[q, past + q]``
+        attention pattern (None = plain causal) over ``past`` cache entries, logits rows kept."""
         n = len(tokens)
         num_pending = len(self._ptok)
         length = len(self._committed)
@@ -133,17 +164,14 @@ class HFSession:
         if self._root is None and cached == length:
             # every committed token is cached but its logits are unknown: feed the last one again
             self._crop(cached - 1)
-            cached -= 1
+            self._n_cached = cached = cached - 1
         tail = self._committed[cached:]
         t = len(tail)  # t > 0 implies num_pending == 0: score() always feeds the tail
         ancs = self._ancestors(parents)
-        ids = torch.tensor([[*tail, *tokens]], dtype=torch.long, device=dev)
         pos = list(range(cached, length))
         pos.extend(length + d - 1 for d in depths)
-        positions = torch.tensor([pos], dtype=torch.long, device=dev)
-        if n == 0 and num_pending == 0:
-            mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
-        else:
+        allowed: torch.Tensor | None = None
+        if n or num_pending:
             q = t + n
             kv = cached + num_pending + q
             allowed = torch.zeros(q, kv, dtype=torch.bool)
@@ -158,31 +186,57 @@ class HFSession:
                 rr.extend([t + i] * len(anc))
                 cc.extend(off + a for a in anc)
             allowed[rr, cc] = True
-            mask = owner._additive(allowed)
-            if owner.sliding_window is not None:
-                # sliding-window layers see keys less than `window` positions back (transformers'
-                # sliding_window_overlay), measured in positions, not cache columns
-                kv_pos = torch.tensor(
-                    [*range(cached), *(length + d - 1 for d in self._pdepth), *pos]
-                )
-                near = (torch.tensor(pos)[:, None] - kv_pos[None, :]) < owner.sliding_window
-                mask = {
-                    "full_attention": mask,
-                    "sliding_attention": owner._additive(allowed & near),
-                }
-        keep = n + (1 if t else 0)
-        logits = owner._forward(ids, positions, self._cache, mask, keep)[0].float()
-        self._n_cached = length
-        if t:
+        return MaskPlan(
+            ids=[*tail, *(int(x) for x in tokens)],
+            positions=pos,
+            allowed=allowed,
+            past=cached + num_pending,
+            tail=t,
+            keep=n + (1 if t else 0),
+            tokens=list(tokens),
+            parents=list(parents),
+            depths=depths,
+            ancestors=ancs,
+        )
+
+    def _near(self, plan: MaskPlan) -> torch.Tensor:
+        """Sliding-window layers see keys less than ``window`` positions back (transformers'
+        sliding_window_overlay), measured in positions, not cache columns."""
+        cached, length = self._n_cached, len(self._committed)
+        kv_pos = torch.tensor(
+            [*range(cached), *(length + d - 1 for d in self._pdepth), *plan.positions]
+        )
+        window = self.owner.sliding_window
+        assert window is not None
+        return (torch.tensor(plan.positions)[:, None] - kv_pos[None, :]) < window
+
+    def finish_mask(self, plan: MaskPlan, logits: torch.Tensor) -> torch.Tensor:
+        """Record the forward of ``plan`` (its last ``plan.keep`` logits rows, float32) and return
+        what :meth:`score` returns."""
+        self._n_cached = len(self._committed)
+        if plan.tail:
             self._root = logits[0]
             node_rows = logits[1:]
         else:
             assert self._root is not None
             node_rows = logits
-        self._add_pending(tokens, parents, depths, ancs, node_rows)
-        if t:
+        self._add_pending(plan.tokens, plan.parents, plan.depths, plan.ancestors, node_rows)
+        if plan.tail:
             return logits
         return torch.cat([self._root.unsqueeze(0), node_rows], dim=0)
+
+    def depths_of(self, parents: Sequence[int]) -> list[int]:
+        """Depth of each new node (1 = child of the committed sequence)."""
+        num_pending = len(self._ptok)
+        depths: list[int] = []
+        for p in parents:
+            if p < 0:
+                depths.append(1)
+            elif p < num_pending:
+                depths.append(self._pdepth[p] + 1)
+            else:
+                depths.append(depths[p - num_pending] + 1)
+        return depths
 
     def _score_paths(
         self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]

@@ -200,9 +200,7 @@ def test_report_renders_batch_tables_and_plot(toy_batch: Path, tmp_path: Path) -
     heads = [x for x in text.splitlines() if x.startswith("| configuration | B=1 tokens/s")]
     assert len(heads) == 2  # one throughput table per temperature
     assert "| B=2 tokens/s | B=2 ÷ target-only |" in heads[0]
-    rows = [
-        x for x in text.splitlines() if x.startswith("| ersd chain:4 |") and x.count("|") == 6
-    ]
+    rows = [x for x in text.splitlines() if x.startswith("| ersd chain:4 |") and x.count("|") == 6]
     assert len(rows) == 2  # the throughput tables (the time-split rows have more columns)
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert len(cells) == 5
@@ -320,3 +318,29 @@ def test_tiny_qwen2_batch_run_with_hf_generate(tmp_path: Path) -> None:
     text = paths["report"].read_text()
     assert re.search(r"^\| hf-generate \| \d+\.\d", text, re.M)
     assert paths["batch_throughput"].read_bytes().startswith(PNG_MAGIC)
+
+
+def test_hf_generate_baseline_in_a_one_prompt_run(tmp_path: Path) -> None:
+    """Without batch_sizes, hf-generate is a per-prompt baseline like the others."""
+    data = _config(
+        "smoke-tiny",
+        baselines=["target-only", "hf-generate"],
+        methods=["ersd"],
+        optimal=False,
+        cost_aware=False,
+        max_new_tokens=6,
+    )
+    out = run_bench(
+        config_from_dict(data, source="t"), tmp_path / "p.jsonl", progress=False, log=_quiet
+    )
+    _, results, batches = read_all([out])
+    assert batches == []
+    hf = [r for r in results if r["method"] == "hf-generate"]
+    assert len(hf) == 2  # two prompts
+    for r in hf:
+        assert r["num_tokens"] == 6 == len(r["tokens"]) and r["target_calls"] == 6
+        assert all(isinstance(t, int) for t in r["tokens"])
+        assert r["target_time"] > 0 and r["draft_time"] == 0
+        assert r["tokens_per_second"] == pytest.approx(6 / r["wall_time"])
+    text = write_report([out], tmp_path / "rep")["report"].read_text()
+    assert re.search(r"^\| hf-generate \| – \| 1\.00( \[1\.00, 1\.00\])? \| \d", text, re.M)

@@ -147,8 +147,8 @@ def batch_markdown(rows: list[BatchRow], figure: str | None = None) -> str:
             label = next(r.label for r in trs if r.config == c)
             cells = []
             for b in sizes:
-                r = cell.get((c, b))
-                cells += [_fmt(r.tokens_per_second, 1), _fmt(r.ratio, 2)] if r else ["–", "–"]
+                got = cell.get((c, b))
+                cells += [_fmt(got.tokens_per_second, 1), _fmt(got.ratio, 2)] if got else ["–", "–"]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += ["", *_best_fixed(trs, sizes)]
         lines += [

@@ -199,7 +199,7 @@ def run_entry(
         ids,
         max_new_tokens=max_new_tokens,
         method=entry.method,
-        tree=entry.shape or entry.tree,
+        tree=entry.shape if entry.shape is not None else "auto",
         temperature=temperature,
         seed=seed,
         eos_token_id=eos,

@@ -33,10 +33,14 @@ class ReportError(ErsdError):
     """Records could not be read or hold nothing to report."""
 
 
-def read_records(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(meta records, result records) of one or more JSONL files."""
+def read_all(
+    paths: Sequence[str | Path],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(meta records, per-prompt result records, batch records) of one or more JSONL files;
+    failed runs (field ``error``) are left out with a warning."""
     metas: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    batches: list[dict[str, Any]] = []
     for path in paths:
         p = Path(path)
         if not p.is_file():
@@ -51,18 +55,31 @@ def read_records(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], lis
                     f"{p}:{n} is not a JSON line ({exc.msg}); was the run interrupted mid-line? "
                     "delete the last line and retry"
                 ) from None
-            (metas if rec.get("kind") == "meta" else results).append(rec)
-    failed = [r for r in results if "error" in r]
+            kind = rec.get("kind")
+            (metas if kind == "meta" else batches if kind == "batch" else results).append(rec)
+    failed = [r for r in results + batches if "error" in r]
     if failed:
         warnings.warn(
             f"{len(failed)} records are failed runs (field 'error', e.g. {failed[0]['error']!r}); "
             "they are left out of the report",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         results = [r for r in results if "error" not in r]
-    if not results:
+        batches = [r for r in batches if "error" not in r]
+    if not results and not batches:
         raise ReportError("no result records found: the run wrote only metadata (or nothing)")
+    return metas, results, batches
+
+
+def read_records(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(meta records, per-prompt result records) of one or more JSONL files (batch records:
+    :func:`read_all`)."""
+    metas, results, _ = read_all(paths)
+    if not results:
+        raise ReportError(
+            "no per-prompt result records found (only batch runs): use read_all for those"
+        )
     return metas, results
 
 
@@ -91,7 +108,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        if self.method in BASELINE_METHODS:
+        if self.method in BASELINE_METHODS or self.method == "hf-generate":
             return self.method
         if self.method in ("hf-assisted", "hf-prompt-lookup"):
             return f"{self.method} (k={self.k})"

@@ -10,6 +10,8 @@
 * :func:`hf_assisted` — Hugging Face assisted generation (``model.generate(assistant_model=...)``,
   Leviathan-style speculative sampling at T > 0, greedy matching at T = 0) with a constant
   ``num_assistant_tokens = k``, timed with forward hooks.
+* :func:`hf_generate` — plain Hugging Face ``generate`` of the target for one prompt or a
+  left-padded batch of prompts (the batched-decoding baseline of ``run.batch_sizes``).
 """
 
 from __future__ import annotations
@@ -174,5 +176,88 @@ def hf_assisted(
         "tokens_per_second": len(tokens) / wall if wall > 0 else float("inf"),
         "finish_reason": "eos" if tokens and tokens[-1] in eos else "length",
         "tokens": tokens,
+        "hf_warnings": caught,
+    }
+
+
+def hf_generate(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    eos_token_id: Sequence[int] | None,
+) -> dict[str, Any]:
+    """Hugging Face ``generate`` of the target alone on a batch of prompts; record-ready stats.
+
+    The prompts are left-padded into one batch (``attention_mask`` zero on the padding, so the
+    model derives each row's positions from it) and decoded together with the neutral generation
+    config (:func:`neutral_generation_config`: plain temperature sampling, ``do_sample`` only at
+    T > 0).  Without ``eos_token_id`` every row makes exactly ``max_new_tokens`` tokens; with it a
+    row's tokens end at its first EOS.  HF samples from the global torch generator, so ``seed``
+    seeds a forked one for the whole batch (rows get no per-row seeds: the baseline is about
+    speed, not about reproducing ersd's tokens).  Forward calls and seconds come from hooks on the
+    transformers module.
+    """
+    from ersd.models.hf import HFModel
+
+    if not isinstance(target, HFModel):
+        raise TypeError(
+            f"hf_generate needs a Hugging Face model (ersd.models.hf.HFModel), got "
+            f"{type(target).__name__}"
+        )
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("hf_generate needs one or more non-empty prompts")
+    tm = target.hf_module
+    eos = list(eos_token_id or [])
+    gen_cfg = neutral_generation_config(temperature, max_new_tokens, eos)
+    width = max(len(p) for p in prompts)
+    pad = int(gen_cfg.pad_token_id)
+    ids = torch.tensor(
+        [[pad] * (width - len(p)) + list(p) for p in prompts],
+        dtype=torch.long,
+        device=target.device,
+    )
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+        dtype=torch.long,
+        device=ids.device,
+    )
+    timer = _ForwardTimer(tm)
+    caught: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("always")
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = tm.generate(ids, attention_mask=mask, generation_config=gen_cfg)
+            wall = time.perf_counter() - t0
+            caught = sorted({str(w.message)[:200] for w in wlist})
+    finally:
+        timer.remove()
+    rows: list[list[int]] = []
+    finish: list[str] = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), None)
+        rows.append([int(t) for t in row[:cut]] if cut else [int(t) for t in row])
+        finish.append("eos" if cut else "length")
+    total = sum(len(r) for r in rows)
+    return {
+        "num_tokens": total,
+        "tokens": rows,
+        "finish_reasons": finish,
+        "steps": timer.calls,  # one forward per decoding step of the whole batch
+        "target_calls": timer.calls * len(prompts),  # a target call per row per step
+        "block_efficiency": total / (timer.calls * len(prompts)) if timer.calls else 0.0,
+        "target_forwards": timer.calls,
+        "draft_forwards": 0,
+        "wall_time": wall,
+        "target_forward_time": timer.seconds,
+        "draft_forward_time": 0.0,
+        "other_time": max(wall - timer.seconds, 0.0),
+        "time_source": "hooks",
+        "tokens_per_second": total / wall if wall > 0 else float("inf"),
         "hf_warnings": caught,
     }

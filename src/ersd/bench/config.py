@@ -18,8 +18,13 @@ from typing import Any
 
 from ersd.errors import ErsdError
 
-#: baseline names understood by the runner
-BASELINES = ("target-only", "target-only-2tok", "hf-assisted", "hf-prompt-lookup")
+#: baseline names understood by the runner (``hf-generate``: plain Hugging Face ``generate`` of the
+#: target, batched and left-padded at batch sizes > 1: :func:`ersd.bench.baselines.hf_generate`)
+BASELINES = ("target-only", "target-only-2tok", "hf-assisted", "hf-prompt-lookup", "hf-generate")
+#: the baselines a config runs when it lists none
+DEFAULT_BASELINES = ("target-only", "target-only-2tok", "hf-assisted", "hf-prompt-lookup")
+#: the baselines that run batched (``run.batch_sizes`` beyond [1]: :mod:`ersd.bench.batching`)
+BATCH_BASELINES = ("target-only", "hf-generate")
 #: prompt sets shipped in ``ersd/data`` (see its PROVENANCE.md)
 PROMPT_SETS = ("humaneval", "mtbench", "math", "grounded")
 
@@ -61,11 +66,13 @@ class RunConfig:
     trees: dict[str, list[str]] = field(default_factory=dict)  # extra tree specs per method
     optimal: bool = True  # ERSD with optimal:K (K = each budget) from the rank profile
     cost_aware: bool = True  # ERSD with the cost-aware tree from the profile and cost curves
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     warmup_tokens: int = 4
     stop_at_eos: bool = False  # False: every run makes exactly max_new_tokens tokens
     profile: str = ""  # calibration file; "" = calibrate in the run when a profile is needed
     drafters: list[str] = field(default_factory=list)  # drafter specs: lookup, lookup+draft, ...
+    # prompts generated together per run; beyond [1] every run is a batch (ersd.bench.batching)
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
 
 
 @dataclass
@@ -286,7 +293,7 @@ def _validate(cfg: BenchConfig) -> None:
                     f"run.trees.{method}: {spec!r} is a dynamic ERSD tree (grown from the draft's "
                     "race); list it under ersd"
                 )
-            if not dynamic and not spec.startswith(("optimal:", "cost-aware")):
+            if not dynamic and spec != "auto" and not spec.startswith(("optimal:", "cost-aware")):
                 try:
                     parse_tree(spec)
                 except ErsdError as exc:
@@ -295,6 +302,38 @@ def _validate(cfg: BenchConfig) -> None:
         parse_tree(c.tree)
     except ErsdError as exc:
         raise BenchConfigError(f"calibrate.tree: {exc}") from None
+    _validate_batch(cfg)
+
+
+def _validate_batch(cfg: BenchConfig) -> None:
+    """``run.batch_sizes``: sizes >= 1, no repeats; batch runs take only what can run batched."""
+    r = cfg.run
+    sizes = r.batch_sizes
+    if not sizes or any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
+        raise BenchConfigError(
+            f"run.batch_sizes {sizes!r} must list distinct batch sizes >= 1, e.g. [1, 4, 8]"
+        )
+    if sizes == [1]:
+        return
+    extra = [b for b in r.baselines if b not in BATCH_BASELINES]
+    if extra:
+        raise BenchConfigError(
+            f"run.baselines lists {extra[0]!r}, which does not run batched; with run.batch_sizes "
+            f"{sizes} the baselines can be {', '.join(BATCH_BASELINES)} (remove {extra[0]!r})"
+        )
+    if r.drafters:
+        raise BenchConfigError(
+            "run.drafters (model-free / hybrid drafters) do not run batched; remove them or set "
+            "run.batch_sizes = [1]"
+        )
+    from ersd.drafting.dynamic import parse_dynamic
+
+    dyn = [s for specs in r.trees.values() for s in specs if parse_dynamic(s) is not None]
+    if dyn:
+        raise BenchConfigError(
+            f"run.trees: {dyn[0]!r} is a dynamic tree, which does not run batched; remove it or "
+            "set run.batch_sizes = [1]"
+        )
 
 
 def config_from_dict(data: dict[str, Any], *, quick: bool = False, source: str = "") -> BenchConfig:

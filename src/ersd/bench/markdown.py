@@ -22,23 +22,7 @@ def markdown(
     comparisons: Sequence[tuple[float, int, Row, Interval]] = (),
     dependence: dict[float, dict[str, float]] | None = None,
 ) -> str:
-    lines = ["# Benchmark report", ""]
-    for m in metas[:1]:
-        run = m.get("run", {})
-        cfg = m.get("config", {})
-        prompts = m.get("prompts", [])
-        sets = sorted({p["set"] for p in prompts})
-        lines += [
-            f"- config: `{cfg.get('name')}` ({cfg.get('source', '')})",
-            f"- models: {run.get('models')}; dtype {run.get('dtype')}; batch size 1; "
-            f"{run.get('sampling')}",
-            f"- machine: {run.get('cpu')} ({run.get('cpu_count')} CPUs), torch threads "
-            f"{run.get('torch_threads')}; torch {run.get('torch')}, transformers "
-            f"{run.get('transformers')}, ersd {run.get('ersd')}; {run.get('date')}",
-            f"- prompts: {len(prompts)} evaluation prompts from {', '.join(sets)}; "
-            f"{cfg.get('run', {}).get('max_new_tokens')} new tokens each; seeds "
-            f"{cfg.get('run', {}).get('seeds')}",
-        ]
+    lines = run_header(metas).splitlines()
     lines += [
         "",
         "Intervals: Student-t 95% over prompts (per-prompt values averaged over seeds). "
@@ -140,6 +124,30 @@ def markdown(
     for f in figures:
         lines += [f"![{Path(f).stem}]({Path(f).name})", ""]
     return "\n".join(lines)
+
+
+def run_header(metas: list[dict[str, Any]]) -> str:
+    """The report's title and the run's metadata (models, machine, prompts)."""
+    lines = ["# Benchmark report", ""]
+    for m in metas[:1]:
+        run = m.get("run", {})
+        cfg = m.get("config", {})
+        prompts = m.get("prompts", [])
+        sets = sorted({p["set"] for p in prompts})
+        sizes = run.get("batch_sizes") or [1]
+        batch = "batch size 1" if sizes == [1] else f"batch sizes {sizes}"
+        lines += [
+            f"- config: `{cfg.get('name')}` ({cfg.get('source', '')})",
+            f"- models: {run.get('models')}; dtype {run.get('dtype')}; {batch}; "
+            f"{run.get('sampling')}",
+            f"- machine: {run.get('cpu')} ({run.get('cpu_count')} CPUs), torch threads "
+            f"{run.get('torch_threads')}; torch {run.get('torch')}, transformers "
+            f"{run.get('transformers')}, ersd {run.get('ersd')}; {run.get('date')}",
+            f"- prompts: {len(prompts)} evaluation prompts from {', '.join(sets)}; "
+            f"{cfg.get('run', {}).get('max_new_tokens')} new tokens each; seeds "
+            f"{cfg.get('run', {}).get('seeds')}",
+        ]
+    return "\n".join([*lines, ""])
 
 
 def _sources_table(rows: list[Row]) -> list[str]:

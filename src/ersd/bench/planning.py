@@ -8,7 +8,13 @@ with a calibrated :class:`ersd.drafting.DynamicDrafter`: :mod:`ersd.bench.dynami
 ``run.drafters`` spec (model-free / hybrid drafters, :mod:`ersd.bench.drafters`) runs every
 method × natural shape × budget again with that drafter, and ``hf-prompt-lookup`` (a baseline)
 runs at each budget.  One shape run by one method twice (under two
-specs) is one :class:`Entry` with aliases.
+specs) is one :class:`Entry` with aliases.  ``hf-generate`` (plain Hugging Face ``generate``) is a
+baseline without a budget.  ``auto`` in ``run.trees`` is kept as a label: the library chooses the
+tree when the run starts.
+
+With ``run.batch_sizes`` beyond ``[1]`` the same entries run as batches
+(:mod:`ersd.bench.batching`): :func:`batch_plan` pairs every entry with every batch size, and
+:func:`prompt_groups` says which prompts each batch holds.
 """
 
 from __future__ import annotations
@@ -62,10 +68,16 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
         entries.append(Entry("target-only"))
     if "target-only-2tok" in r.baselines:
         entries.append(Entry("target-only-2tok"))
+    if "hf-generate" in r.baselines:
+        entries.append(Entry("hf-generate"))
     seen: dict[tuple[str, tuple[tuple[int, ...], ...]], Entry] = {}
     depth_probs = cal.depth_probs(temperature) if cal and cal.profiles else None
 
     def add(method: str, spec: str, k: int | None, choice: str | None = None) -> None:
+        if spec == "auto":  # chosen by the library at run time (tree="auto")
+            if not any(e.method == method and e.tree == "auto" for e in entries):
+                entries.append(Entry(method, "auto"))
+            return
         if dynamic_trees.is_dynamic(spec):  # grown per step by ersd.drafting.DynamicDrafter
             dyn = dynamic_trees.setup(spec, cal, temperature)
             if dyn is not None:
@@ -123,12 +135,30 @@ def estimate_seconds(e: Entry, cal: Calibration, temperature: float, tokens: int
     token for target-only; a chain for HF assisted)."""
     costs = cal.costs
     assert costs is not None
-    if e.method in ("target-only", "target-only-2tok"):
+    if e.method in ("target-only", "target-only-2tok", "hf-generate"):
         return tokens / costs.target_only_rate()
     shape = e.shape or TreeShape.chain(e.k or 1)
     if e.prediction is not None:
         return tokens / float(e.prediction["tokens_per_second"])
     return tokens / predict(shape, cal.depth_probs(temperature), costs).tokens_per_second
+
+
+def is_batched(cfg: BenchConfig) -> bool:
+    """True when the config runs batches (``run.batch_sizes`` other than ``[1]``)."""
+    return cfg.run.batch_sizes != [1]
+
+
+def batch_plan(entries: list[Entry], batch_sizes: list[int]) -> list[tuple[int, Entry]]:
+    """Every entry at every batch size, batch sizes in the config's order."""
+    return [(b, e) for b in batch_sizes for e in entries]
+
+
+def prompt_groups(n_prompts: int, batch_size: int) -> list[list[int]]:
+    """The prompt indices of each batch at ``batch_size``: consecutive prompts, cycling through
+    the set when it has fewer than ``batch_size`` (or the last batch runs short), so that every
+    batch size covers every prompt once or more: ``ceil(n / B)`` batches of ``B`` rows."""
+    n_groups = -(-n_prompts // batch_size)
+    return [[(g * batch_size + j) % n_prompts for j in range(batch_size)] for g in range(n_groups)]
 
 
 def entry_meta(e: Entry) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ersd.bench.aggregate import BASELINE_METHODS, Row, best_per_method
+from ersd.bench.batch_report import BatchRow
 from ersd.methods.catalog import report_order
 
 
@@ -147,6 +148,52 @@ def plot_speedup(rows: list[Row], path: Path) -> None:
         ax.set_title(f"T = {temp:g}: best shape per method and budget, 95% t-intervals")
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_batch_throughput(rows: list[BatchRow], path: Path) -> None:
+    """Total tokens/s against batch size: one line per configuration, one panel per
+    temperature, 95% t-intervals as error bars where a cell has two or more runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = sorted({r.temperature for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.6 * len(temps), 4.2), squeeze=False)
+    for ax, temp in zip(axes[0], temps, strict=True):
+        lines: dict[str, list[BatchRow]] = defaultdict(list)
+        for r in rows:
+            if r.temperature == temp:
+                lines[r.label].append(r)
+        for label, rs in lines.items():
+            rs.sort(key=lambda r: r.batch_size)
+            ivs = [r.tokens_per_second for r in rs]
+            err = [
+                [iv.mean - iv.low if iv.n > 1 else 0 for iv in ivs],
+                [iv.high - iv.mean if iv.n > 1 else 0 for iv in ivs],
+            ]
+            style = "s--" if rs[0].method in ("target-only", "hf-generate") else "o-"
+            ax.errorbar(
+                [r.batch_size for r in rs],
+                [iv.mean for iv in ivs],
+                yerr=err,
+                fmt=style,
+                capsize=3,
+                label=label,
+            )
+        sizes = sorted({r.batch_size for r in rows if r.temperature == temp})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(b) for b in sizes])
+        ax.set_title(f"T = {temp:g}")
+        ax.set_xlabel("batch size (prompts generated together)")
+        ax.set_ylabel("total tokens/s (all rows)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

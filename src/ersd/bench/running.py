@@ -6,6 +6,9 @@ slow drift of the machine spreads over all of them.  Every configuration is warm
 timing.  One JSON line per run is written (and flushed) as it finishes; the first line is a
 ``meta`` record (versions, dtype, threads, CPU, date, config, calibration summary).  Progress goes
 to a ``log`` callback (default: the ``ersd.bench`` logger) and an optional tqdm bar.
+
+With ``run.batch_sizes`` beyond ``[1]`` the same plan runs as batches instead
+(:mod:`ersd.bench.batching`; ``kind = "batch"`` records).
 """
 
 from __future__ import annotations
@@ -23,14 +26,22 @@ from typing import Any, TextIO
 import torch
 
 import ersd
+from ersd.bench import batching
 from ersd.bench import dynamic as dynamic_trees
-from ersd.bench.baselines import hf_assisted, target_only_two_token
+from ersd.bench.baselines import hf_assisted, hf_generate, target_only_two_token
 from ersd.bench.calibration import Calibration, calibrate, eos_ids, progress_bar
 from ersd.bench.config import BenchConfig, BenchConfigError
 from ersd.bench.costs import choose_trees, measure_costs
 from ersd.bench.drafters import drafter_fields, hf_prompt_lookup, make_drafter
 from ersd.bench.models import ModelPair, load_pair
-from ersd.bench.planning import Entry, entry_meta, estimate_seconds, needs_profile, plan
+from ersd.bench.planning import (
+    Entry,
+    entry_meta,
+    estimate_seconds,
+    is_batched,
+    needs_profile,
+    plan,
+)
 from ersd.bench.prompts import Prompt, encode_prompt, load_prompts
 
 RECORD_VERSION = 1
@@ -76,7 +87,8 @@ def run_metadata(cfg: BenchConfig, pair: ModelPair) -> dict[str, Any]:
         "models": pair.description,
         "target": cfg.models.target,
         "draft": cfg.models.draft,
-        "batch_size": 1,
+        "batch_size": 1 if cfg.run.batch_sizes == [1] else None,
+        "batch_sizes": list(cfg.run.batch_sizes),
         "sampling": "temperature only (no top-k / top-p)",
     }
 
@@ -125,6 +137,24 @@ def run_entry(
             eos_token_id=eos,
         )
         return _result_fields(res, entry.method)
+    if entry.method == "hf-generate":
+        d = hf_generate(
+            pair.target,
+            [ids],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_token_id=eos,
+        )
+        tokens, finish = d.pop("tokens")[0], d.pop("finish_reasons")[0]
+        target_time, draft_time = d.pop("target_forward_time"), d.pop("draft_forward_time")
+        return {
+            **d,
+            "tokens": tokens,
+            "finish_reason": finish,
+            "target_time": target_time,
+            "draft_time": draft_time,
+        }
     if entry.method == "hf-assisted":
         assert entry.k is not None
         return hf_assisted(
@@ -160,7 +190,7 @@ def run_entry(
             eos=eos,
         )
         return {**_result_fields(res, entry.method), **extra}
-    assert entry.shape is not None
+    assert entry.shape is not None or entry.tree == "auto"
     # a fresh drafter per run: its per-source stats are this run's alone
     drafter = make_drafter(entry.drafter, pair.draft) if entry.drafter else pair.draft
     res = ersd.generate(
@@ -169,7 +199,7 @@ def run_entry(
         ids,
         max_new_tokens=max_new_tokens,
         method=entry.method,
-        tree=entry.shape,
+        tree=entry.shape if entry.shape is not None else "auto",
         temperature=temperature,
         seed=seed,
         eos_token_id=eos,
@@ -196,7 +226,8 @@ def run_bench(
         torch.set_num_threads(cfg.models.threads)
     t_load = time.perf_counter()
     pair = pair or load_pair(cfg.models)
-    hf_baselines = [b for b in ("hf-assisted", "hf-prompt-lookup") if b in cfg.run.baselines]
+    hf_names = ("hf-assisted", "hf-prompt-lookup", "hf-generate")
+    hf_baselines = [b for b in hf_names if b in cfg.run.baselines]
     if pair.is_hf is False and hf_baselines:
         raise BenchConfigError(
             f"run.baselines lists {hf_baselines[0]!r} but {cfg.models.target!r} is not a "
@@ -235,13 +266,18 @@ def run_bench(
     plans = {t: plan(cfg, t, calibration) for t in cfg.run.temperatures}
     eos = eos_ids(cfg, pair)
     r = cfg.run
+    batched = is_batched(cfg)
     total = sum(len(v) for v in plans.values()) * len(prompts) * len(r.seeds)
+    if batched:
+        total = batching.count_runs(plans, len(prompts), r.batch_sizes, len(r.seeds))
     log(
         f"[bench] {len(prompts)} prompts x {len(r.seeds)} seeds; per temperature: "
         + "; ".join(f"T={t}: {len(v)} configurations" for t, v in plans.items())
+        + (f"; batch sizes {r.batch_sizes}" if batched else "")
         + f"; {total} runs of {r.max_new_tokens} tokens"
+        + (" per row" if batched else "")
     )
-    if calibration is not None and calibration.costs is not None:
+    if calibration is not None and calibration.costs is not None and not batched:
         est = sum(
             estimate_seconds(e, calibration, t, r.max_new_tokens)
             for t, v in plans.items()
@@ -262,6 +298,13 @@ def run_bench(
     }
     with out.open("w") as fh:
         _write(fh, meta)
+        if batched:
+            order, errors = _run_batched(cfg, plans, pair, prompts, encoded, eos, fh, progress, log)
+            log(
+                f"[bench] wrote {order} records to {out}"
+                + (f" ({errors} failed)" if errors else "")
+            )
+            return out
         # warm-up: every configuration once, untimed (kernels, allocator, mask shapes)
         if r.warmup_tokens > 0:
             bar = progress_bar(sum(len(v) for v in plans.values()), progress)
@@ -298,6 +341,44 @@ def run_bench(
         bar.close()
     log(f"[bench] wrote {order} records to {out}" + (f" ({errors} failed)" if errors else ""))
     return out
+
+
+def _run_batched(
+    cfg: BenchConfig,
+    plans: dict[float, list[Entry]],
+    pair: ModelPair,
+    prompts: list[Prompt],
+    encoded: list[list[int]],
+    eos: list[int] | None,
+    fh: TextIO,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[int, int]:
+    r = cfg.run
+    if r.warmup_tokens > 0:
+        bar = progress_bar(sum(len(v) for v in plans.values()) * len(r.batch_sizes), progress)
+        bar.set_description("warm-up")
+        batching.warm_up(plans, pair, encoded, r.batch_sizes, r.warmup_tokens, eos, bar, log)
+        bar.close()
+    bar = progress_bar(
+        batching.count_runs(plans, len(prompts), r.batch_sizes, len(r.seeds)), progress
+    )
+    bar.set_description(cfg.name)
+    done = batching.run_batches(
+        plans,
+        pair,
+        prompts,
+        encoded,
+        sizes=r.batch_sizes,
+        seeds=r.seeds,
+        max_new_tokens=r.max_new_tokens,
+        eos=eos,
+        write=lambda rec: _write(fh, rec),
+        bar=bar,
+        log=log,
+    )
+    bar.close()
+    return done
 
 
 def _record(

@@ -26,6 +26,7 @@ def _load(
     dtype: str | None = None,
     threads: int | None = None,
     draft_dtype: str | None = None,
+    batch_sizes: str | None = None,
 ) -> BenchConfig:
     from ersd.bench.config import BenchConfigError, _validate, load_config
 
@@ -45,9 +46,12 @@ def _load(
             cfg.models.draft_dtype = draft_dtype
         if threads is not None:
             cfg.models.threads = threads
+        if batch_sizes:
+            cfg.run.batch_sizes = [int(b) for b in batch_sizes.split(",")]
     except ValueError as exc:
         raise BenchConfigError(
-            f"bad command-line override ({exc}); use e.g. --temperatures 0,0.7,1 --seeds 0,1"
+            f"bad command-line override ({exc}); use e.g. --temperatures 0,0.7,1 --seeds 0,1 "
+            "--batch-sizes 1,4,8"
         ) from None
     _validate(cfg)
     return cfg
@@ -72,6 +76,11 @@ _overrides = [
         help="Override models.draft_dtype (int8: dynamically quantized CPU draft).",
     ),
     click.option("--threads", type=int, default=None, help="Override models.threads."),
+    click.option(
+        "--batch-sizes",
+        default=None,
+        help="Override run.batch_sizes, comma-separated, e.g. 1,4,8 (beyond 1: batched runs).",
+    ),
 ]
 
 
@@ -132,6 +141,7 @@ def run(
     dtype: str | None,
     draft_dtype: str | None,
     threads: int | None,
+    batch_sizes: str | None,
     out: str | None,
     profile: str | None,
     dry_run: bool,
@@ -143,7 +153,16 @@ def run(
 
     try:
         cfg = _load(
-            config, quick, prompts, max_new_tokens, temperatures, seeds, dtype, threads, draft_dtype
+            config,
+            quick,
+            prompts,
+            max_new_tokens,
+            temperatures,
+            seeds,
+            dtype,
+            threads,
+            draft_dtype,
+            batch_sizes,
         )
         if profile:
             cfg.run.profile = profile
@@ -155,6 +174,8 @@ def run(
             from ersd.bench.planning import plan
 
             cal = Calibration.load(cfg.run.profile) if cfg.run.profile else None
+            if cfg.run.batch_sizes != [1]:
+                click.echo(f"batch sizes {cfg.run.batch_sizes}: every configuration runs batched")
             for t in cfg.run.temperatures:
                 entries = plan(cfg, t, cal)
                 click.echo(f"T={t}: {len(entries)} configurations")

@@ -66,14 +66,15 @@ def test_cli_args_round_trip() -> None:
         ("toy-draft", "ModelDrafter", "draft toy-draft (float32)"),
         ("lookup", "LookupDrafter", "draft lookup (model-free)"),
         ("suffix:match=4", "SuffixDrafter", "(model-free)"),
-        ("lookup+toy-draft", "HybridDrafter", "draft lookup+toy-draft"),
+        ("lookup+toy-draft", "HybridDrafter", "draft lookup+toy-draft (float32)"),
         ("none", "NoneType", "no draft"),
     ],
 )
 def test_load_pair_takes_every_drafter_spec(draft: str, kind: str, label: str) -> None:
-    pair = load_pair(ModelArgs("toy", draft))
+    pair = load_pair(ModelArgs("toy", draft, dtype="bfloat16"))  # toy models are float32 anyway
     assert type(pair.draft).__name__ == kind
     assert pair.summary().startswith("target toy (float32)") and label in pair.summary()
+    assert "bfloat16" not in pair.summary()  # the dtype as loaded, not as asked
 
 
 def test_llamacpp_refuses_draft_layers_before_loading() -> None:

@@ -123,7 +123,7 @@ def model_options(*, dtype: str = "bfloat16", dtype_help: str | None = None) -> 
         out: Any = wrapper
         for opt in reversed(opts):
             out = opt(out)
-        return out  # type: ignore[no-any-return]
+        return out
 
     return apply
 
@@ -162,11 +162,15 @@ class LoadedPair:
 
 
 def _draft_dtype(dmodel: Any, default: str) -> str:
-    """The draft's dtype as loaded (a model-free drafter has none: 'model-free')."""
-    describe = getattr(dmodel, "describe", None)
-    if describe is None:
-        return "model-free" if not hasattr(dmodel, "model") else default
-    return str(describe().get("dtype", default))
+    """The draft's dtype as loaded (a model-free drafter has none: 'model-free'); drafters that
+    wrap a model (ModelDrafter, a hybrid's model part) are looked through."""
+    if not hasattr(dmodel, "describe") and not hasattr(dmodel, "model"):
+        return "model-free"
+    for _ in range(3):  # HybridDrafter.model is a ModelDrafter, whose .model is the model
+        if hasattr(dmodel, "describe"):
+            return str(dmodel.describe().get("dtype", default))
+        dmodel = getattr(dmodel, "model", None)
+    return default
 
 
 def load_pair(args: ModelArgs) -> LoadedPair:

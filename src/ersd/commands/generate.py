@@ -199,7 +199,7 @@ def generate(
                 pair,
                 lines,
                 kwargs,
-                path=prompts_file,
+                path=str(prompts_file),
                 chat=chat,
                 batch_size=batch_size or 8,
                 as_json=as_json,

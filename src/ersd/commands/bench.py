@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ersd.commands._loading import ModelArgs, model_options
+
 if TYPE_CHECKING:
     from ersd.bench.config import BenchConfig
 
@@ -92,7 +94,8 @@ def _with_overrides(f: Any) -> Any:
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `calibrate` a rank profile, `run` a config, `report` its records.
+    """Benchmarks: `calibrate` a rank profile, `run` a config, `report` its records, `serve`:
+    load-test the HTTP server.
 
     Configs are TOML files; bundled ones are found by name (`ersd bench configs`).
     """
@@ -239,3 +242,131 @@ def report(records: tuple[str, ...], out_dir: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     click.echo(paths["report"].read_text())
     click.echo(json.dumps({k: str(v) for k, v in paths.items()}))
+
+
+def _concurrency(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        levels = [int(c) for c in value.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise click.BadParameter(
+            f"{value!r}: give client counts >= 1 separated by commas, e.g. 1,4,8"
+        )
+    return levels
+
+
+@bench.command("serve")
+@model_options(dtype="float32", dtype_help="dtype of the started server (as `ersd serve`).")
+@click.option(
+    "--url",
+    default=None,
+    help="Load-test a running server (the model options are then ignored) [default: start "
+    "`ersd serve` with the model options on a free loopback port, stopped at the end].",
+)
+@click.option("--method", default="ersd", show_default=True, help="Method of the ERSD rows.")
+@click.option(
+    "--tree",
+    default=None,
+    help="Tree of the speculative requests (and of a started server) [default: the server's].",
+)
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(1),
+    default=8,
+    show_default=True,
+    help="Rows of a started server's continuous batch.",
+)
+@click.option(
+    "--concurrency",
+    default="1,4,8",
+    show_default=True,
+    callback=_concurrency,
+    help="Concurrent clients per level, comma-separated.",
+)
+@click.option(
+    "--requests", type=click.IntRange(1), default=3, show_default=True, help="Per client."
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=1.0, show_default=True)
+@click.option(
+    "--warmup", type=click.IntRange(0), default=1, show_default=True, help="Unmeasured requests."
+)
+@click.option("--no-baseline", is_flag=True, help="Skip the target-only rows (tree 'none').")
+@click.option(
+    "--startup-timeout",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Seconds a started server may take to load.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default="bench-results/serve.jsonl",
+    show_default=True,
+    help="JSONL file: one row per (level, mode).",
+)
+def serve_load(
+    models: ModelArgs,
+    url: str | None,
+    method: str,
+    tree: str | None,
+    max_batch_size: int,
+    concurrency: list[int],
+    requests: int,
+    max_tokens: int,
+    temperature: float,
+    warmup: int,
+    no_baseline: bool,
+    startup_timeout: float,
+    out: str,
+) -> None:
+    """Load-test `ersd serve` with concurrent streaming clients: throughput, TTFT and ITL of the
+    speculative server against target-only decoding on the same server (docs/serve.md)."""
+    from contextlib import nullcontext
+
+    from ersd.bench.serve_load import (
+        TABLE_HEADER,
+        LoadSettings,
+        local_server,
+        run_load,
+        table_row,
+    )
+    from ersd.errors import ErsdError
+
+    try:
+        settings = LoadSettings(
+            concurrency=concurrency,
+            requests=requests,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            method=method,
+            tree=tree,
+            baseline=not no_baseline,
+            warmup=warmup,
+        )
+        serve_args = [
+            *models.cli_args(),
+            "--method",
+            method,
+            "--max-batch-size",
+            str(max_batch_size),
+        ]
+        serve_args += ["--tree", tree] if tree else []
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        server = nullcontext(url) if url else local_server(serve_args, timeout=startup_timeout)
+        with server as base, path.open("w") as f:
+            _echo_err(f"[load test of {base}]")
+            click.echo(TABLE_HEADER)
+
+            def on_row(row: dict[str, Any]) -> None:
+                click.echo(table_row(row))
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+
+            run_load(base.rstrip("/").removesuffix("/v1"), settings, on_row=on_row)
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(path))

@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import click
 
+from ersd.commands._loading import ModelArgs, load_pair, model_options
+
 
 @click.command()
-@click.option(
-    "--target",
-    default="qwen2.5-coder-1.5b",
-    show_default=True,
-    help="Target model: bundled name (see `ersd models list`), local folder or hub id.",
-)
-@click.option(
-    "--draft",
-    default="qwen2.5-coder-0.5b",
-    show_default=True,
-    help="Draft model (same vocabulary as the target), or 'none' for target-only.",
-)
-@click.option(
-    "--draft-layers",
-    type=int,
-    default=None,
-    help="Keep only the first K layers of the draft (a layer-truncated draft).",
+@model_options(
+    dtype="float32",
+    dtype_help="float32: a seeded request equals `ersd generate --dtype float32` bit-exactly.",
 )
 @click.option(
     "--method",
@@ -39,27 +26,6 @@ import click
     show_default=True,
     help="Default draft tree (chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE).",
 )
-@click.option(
-    "--dtype",
-    default="float32",
-    show_default=True,
-    type=click.Choice(["float32", "bfloat16", "float16"]),
-    help="float32: a seeded request equals `ersd generate --dtype float32` bit-exactly.",
-)
-@click.option(
-    "--draft-dtype",
-    default=None,
-    type=click.Choice(["float32", "bfloat16", "float16", "int8"]),
-    help="dtype of the draft (default: --dtype); int8 = dynamic int8 quantization (CPU).",
-)
-@click.option(
-    "--linear",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "onednn", "torch"]),
-    help="float32 CPU linear layers.",
-)
-@click.option("--device", default="cpu", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option(
@@ -100,15 +66,9 @@ import click
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 def serve(
-    target: str,
-    draft: str,
-    draft_layers: int | None,
+    models: ModelArgs,
     method: str,
     tree: str,
-    dtype: str,
-    draft_dtype: str | None,
-    linear: str,
-    device: str,
     host: str,
     port: int,
     served_model_name: str | None,
@@ -133,28 +93,18 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         ersd.get_method(method)
-        shape = ersd.parse_tree(tree) if draft.lower() != "none" else None
+        shape = ersd.parse_tree(tree) if models.has_draft else None
         if shape is not None:
             ersd.get_method(method).check_shape(shape)
-        t0 = time.perf_counter()
-        tmodel = ersd.load_model(target, dtype=dtype, device=device, linear=linear)
-        dmodel = None
-        if draft.lower() != "none":
-            overrides = {"num_hidden_layers": draft_layers} if draft_layers is not None else {}
-            dmodel = ersd.load_model(
-                draft, dtype=draft_dtype or dtype, device=device, linear=linear, **overrides
-            )
-            tmodel.check_compatible(dmodel)
+        pair = load_pair(models)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(
-        f"[loaded in {time.perf_counter() - t0:.1f}s: target {target} ({dtype})"
-        + (f", draft {draft} ({draft_dtype or dtype})" if dmodel else ", no draft")
-        + f"; serving on http://{host}:{port}/v1]",
+        f"[loaded in {pair.seconds:.1f}s: {pair.summary()}; serving on http://{host}:{port}/v1]",
         err=True,
     )
     config = ServeConfig(
-        model_name=served_model_name or target,
+        model_name=served_model_name or models.target,
         method=method,
         tree=shape,
         max_batch_size=max_batch_size,
@@ -162,7 +112,7 @@ def serve(
         max_tokens=max_tokens,
         shutdown_timeout=shutdown_timeout,
     )
-    app = create_app(tmodel, dmodel, config)
+    app = create_app(pair.target, pair.draft, config)
     uvicorn.run(
         app,
         host=host,

@@ -1,0 +1,234 @@
+"""Load test of ``ersd serve`` (``ersd bench serve``): N concurrent streaming clients, ERSD against
+target-only decoding on the same server (``tree="none"`` per request), reporting throughput, time
+to first token (TTFT) and inter-token latency (ITL).
+
+Either point it at a running server (a URL) or start one with :func:`local_server` (``ersd serve``
+in a subprocess on a free loopback port, stopped at the end).  Each client sends ``requests``
+streaming completions one after another (HumanEval prompts from ersd's bundled data, raw; seeds
+0, 1, ...), so at concurrency C about C sequences share every step.  Throughput is all generated
+tokens over the wall time of the level; TTFT is arrival to the first text; ITL is
+(last text - first text) / (tokens - 1) per request (a speculative step delivers several tokens
+at once, so this is the mean per-token gap).  Needs the ``serve`` extra (the ``openai`` client).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ersd.errors import ErsdError
+
+
+class ServeLoadError(ErsdError):
+    """The load test could not run: no ``openai`` client, a server that did not come up."""
+
+
+@dataclass
+class LoadSettings:
+    """What every level of the load test sends."""
+
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 8])
+    requests: int = 3  # per client, one after another
+    max_tokens: int = 64
+    temperature: float = 1.0
+    method: str = "ersd"
+    tree: str | None = None  # ERSD requests' tree; None: the server's default
+    baseline: bool = True  # also target-only decoding (tree "none") at every level
+    warmup: int = 1  # requests before measuring
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ServeLoadError(
+                f"concurrency must be client counts >= 1, got {self.concurrency}; e.g. 1,4,8"
+            )
+        if self.requests < 1 or self.max_tokens < 1 or self.warmup < 0:
+            raise ServeLoadError("requests and max_tokens must be >= 1 and warmup >= 0")
+
+
+def _openai() -> Any:
+    try:
+        import openai
+    except ImportError:
+        raise ServeLoadError(
+            "the load test talks to the server with the openai client: pip install 'ersd[serve]'"
+        ) from None
+    return openai
+
+
+def load_prompts(count: int) -> list[str]:
+    """``count`` HumanEval prompts from the bundled evaluation split (cycled if more are asked)."""
+    path = resources.files("ersd") / "data" / "humaneval_eval.jsonl"
+    rows = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    return [rows[i % len(rows)] for i in range(count)]
+
+
+def one_request(
+    client: Any, model: str, prompt: str, seed: int, s: LoadSettings, tree: str | None
+) -> dict[str, float]:
+    """One streaming completion: its tokens, TTFT, mean ITL and latency (seconds)."""
+    extra: dict[str, Any] = {"method": s.method}
+    if tree is not None:
+        extra["tree"] = tree
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    stream = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        seed=seed,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+    )
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text:
+            first = first if first is not None else now
+            last = now
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    ttft = (first if first is not None else end) - t0
+    itl = (last - first) / (tokens - 1) if first is not None and last and tokens > 1 else 0.0
+    return {"tokens": tokens, "ttft": ttft, "itl": itl, "latency": end - t0}
+
+
+def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None) -> dict[str, Any]:
+    """``conc`` clients, ``s.requests`` requests each: one row of the table."""
+    openai = _openai()
+    texts = load_prompts(conc * s.requests)
+    with openai.OpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600
+    ) as client:
+
+        def run_client(c: int) -> list[dict[str, float]]:
+            ids = range(c * s.requests, (c + 1) * s.requests)
+            return [one_request(client, model, texts[i], i, s, tree) for i in ids]
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(conc) as pool:
+            reqs = [r for rs in pool.map(run_client, range(conc)) for r in rs]
+        wall = time.perf_counter() - t0
+    tokens = sum(int(r["tokens"]) for r in reqs)
+    return {
+        "mode": "target-only" if tree == "none" else f"{s.method} {tree or '(server tree)'}",
+        "concurrency": conc,
+        "requests": len(reqs),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_mean_s": statistics.mean(r["ttft"] for r in reqs),
+        "ttft_p50_s": statistics.median(r["ttft"] for r in reqs),
+        "itl_mean_s": statistics.mean(r["itl"] for r in reqs),
+        "latency_mean_s": statistics.mean(r["latency"] for r in reqs),
+    }
+
+
+def run_load(
+    url: str,
+    s: LoadSettings,
+    *,
+    model: str | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every level of ``s`` against the server at ``url`` (ERSD, then target-only); returns the
+    rows, each with the settings and the served model name, and calls ``on_row`` as each ends."""
+    openai = _openai()
+    rows: list[dict[str, Any]] = []
+    try:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            model = model or client.models.list().data[0].id
+            for i in range(s.warmup):
+                one_request(client, model, load_prompts(1)[0], 10_000 + i, s, s.tree)
+        meta = {"model": model, **{k: v for k, v in asdict(s).items() if k != "concurrency"}}
+        for conc in s.concurrency:
+            for tree in (s.tree, "none") if s.baseline else (s.tree,):
+                row = {**meta, **run_level(url, model, conc, s, tree), "tree": tree}
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    except openai.OpenAIError as exc:
+        raise ServeLoadError(
+            f"a request to {url} failed ({type(exc).__name__}: {exc}); check that the server is "
+            "up and accepts these settings (see its log)"
+        ) from None
+    return rows
+
+
+TABLE_HEADER = (
+    f"{'mode':<28} {'C':>3} {'tok/s':>8} {'TTFT s':>7} {'ITL ms':>8} {'tokens':>7} {'wall s':>7}"
+)
+
+
+def table_row(row: dict[str, Any]) -> str:
+    """One line of the table under :data:`TABLE_HEADER`."""
+    return (
+        f"{row['mode']:<28} {row['concurrency']:>3} {row['tokens_per_s']:>8.2f} "
+        f"{row['ttft_mean_s']:>7.2f} {1000 * row['itl_mean_s']:>8.1f} {row['tokens']:>7} "
+        f"{row['wall_s']:>7.1f}"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def local_server(serve_args: list[str], *, timeout: float = 900.0) -> Iterator[str]:
+    """``ersd serve SERVE_ARGS`` in a subprocess on a free loopback port; yields its URL once
+    ``/health`` answers and stops it (SIGTERM, then kill) on exit.  The server runs this same
+    ersd (its ``src`` leads ``PYTHONPATH``)."""
+    port = _free_port()
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", "from ersd.cli import main; main()", "serve", *serve_args]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    tail = [ln for ln in log.read().splitlines() if ln.strip()][-1:]
+                    raise ServeLoadError(
+                        f"the server exited with code {proc.returncode} before answering: "
+                        + (tail[0] if tail else "(no output)")
+                    )
+                if time.monotonic() > deadline:
+                    raise ServeLoadError(
+                        f"the server did not answer {url}/health in {timeout:.0f} s; "
+                        "raise --startup-timeout (loading large models takes minutes)"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=5):
+                        break
+                except OSError:
+                    time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)

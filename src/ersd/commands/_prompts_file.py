@@ -1,0 +1,270 @@
+"""``ersd generate --prompts-file FILE.jsonl``: many prompts through the batched engine.
+
+Each line of the file is a JSON object with ``"prompt"`` (a string) or ``"messages"`` (a chat:
+a list of ``{"role", "content"}``, encoded with the model's chat template), and optionally
+``"seed"`` and ``"max_new_tokens"``; other fields are ignored.  A line without ``"seed"`` gets
+``ersd.derive_seed(--seed, index)`` (index: the prompt's 0-based position among the file's
+prompts), like :func:`ersd.generate_batch` with one seed.  Lines with different
+``max_new_tokens`` run as separate batches, one per value (in order of first appearance).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ersd.errors import ErsdError, InputFileError
+
+_EXAMPLE = 'e.g. {"prompt": "def add(a, b):", "seed": 1}'
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    """One prompt of the file."""
+
+    index: int  # position among the file's prompts (0-based)
+    line: int  # line number in the file (1-based)
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    seed: int | None
+    max_new_tokens: int | None
+
+    def source(self) -> dict[str, Any]:
+        """The prompt as the input gave it, for the output object."""
+        if self.messages is not None:
+            return {"messages": self.messages}
+        return {"prompt": self.prompt}
+
+
+def read_prompts(path: str) -> list[PromptLine]:
+    """The prompts of a JSON Lines file; :class:`InputFileError` names the file, the line and
+    the fix for a missing or empty file and for every malformed line."""
+    p = Path(path)
+    if not p.exists():
+        raise InputFileError(
+            f"--prompts-file {path} does not exist; give a JSON Lines file with one object per "
+            f"line, {_EXAMPLE}"
+        )
+    if p.is_dir():
+        raise InputFileError(f"--prompts-file {path} is a directory; give a .jsonl file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"--prompts-file {path} cannot be read ({exc})") from None
+    out: list[PromptLine] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip():
+            out.append(_parse_line(path, number, raw, len(out)))
+    if not out:
+        raise InputFileError(
+            f"--prompts-file {path} has no prompts (it is empty or blank); write one JSON object "
+            f"per line, {_EXAMPLE}"
+        )
+    return out
+
+
+def _parse_line(path: str, number: int, raw: str, index: int) -> PromptLine:
+    where = f"{path} line {number}"
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputFileError(
+            f"{where} is not JSON ({exc.msg}); each line must be one JSON object, {_EXAMPLE}"
+        ) from None
+    if not isinstance(row, dict):
+        raise InputFileError(f"{where} is a JSON {type(row).__name__}, not an object; {_EXAMPLE}")
+    prompt, messages = row.get("prompt"), row.get("messages")
+    if prompt is not None and messages is not None:
+        raise InputFileError(f'{where} has both "prompt" and "messages"; keep one of them')
+    if prompt is None and messages is None:
+        raise InputFileError(
+            f'{where} has no "prompt" (a string) or "messages" (a list of {{"role", "content"}}); '
+            f"{_EXAMPLE}"
+        )
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise InputFileError(f'{where}: "prompt" must be a non-empty string, got {prompt!r}')
+    if messages is not None and not _is_chat(messages):
+        raise InputFileError(
+            f'{where}: "messages" must be a non-empty list of objects with string "role" and '
+            '"content", e.g. [{"role": "user", "content": "Hi"}]'
+        )
+    seed, limit = row.get("seed"), row.get("max_new_tokens")
+    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**64):
+        raise InputFileError(f'{where}: "seed" must be an integer in [0, 2**64), got {seed!r}')
+    if limit is not None and not (_is_int(limit) and limit >= 1):
+        raise InputFileError(f'{where}: "max_new_tokens" must be an integer >= 1, got {limit!r}')
+    return PromptLine(index, number, prompt, messages, seed, limit)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_chat(messages: Any) -> bool:
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+
+
+def encode(tokenizer: Any, line: PromptLine, chat: bool, path: str = "") -> list[int]:
+    """The line's token ids (chat template for ``messages``, or for ``prompt`` with ``chat``)."""
+    try:
+        if line.messages is not None:
+            return [int(t) for t in tokenizer.apply_chat_template(line.messages)]
+        assert line.prompt is not None
+        if chat:
+            msgs = [{"role": "user", "content": line.prompt}]
+            return [int(t) for t in tokenizer.apply_chat_template(msgs)]
+        return [int(t) for t in tokenizer.encode(line.prompt)]
+    except ErsdError as exc:
+        raise InputFileError(f"{path} line {line.line}: {exc}") from None
+
+
+def run_prompts_file(
+    pair: Any,
+    lines: list[PromptLine],
+    settings: dict[str, Any],
+    *,
+    path: str,
+    chat: bool,
+    batch_size: int,
+    as_json: bool,
+    out: str | None,
+    progress: bool,
+    log: Callable[[str], None],
+) -> None:
+    """Generate for every line (``settings``: the keywords of ``ersd.generate``, whose ``seed``
+    and ``max_new_tokens`` are the defaults of the lines) and print/write the results in input
+    order as each is ready."""
+    from tqdm import tqdm
+
+    import ersd
+    from ersd.generation import _validate, as_drafter
+
+    tmodel, draft = pair.target, pair.draft
+    common = {k: v for k, v in settings.items() if k not in ("seed", "max_new_tokens")}
+    ids = [encode(tmodel.tokenizer, ln, chat, path) for ln in lines]
+    seeds = [
+        ln.seed if ln.seed is not None else ersd.derive_seed(settings["seed"], ln.index)
+        for ln in lines
+    ]
+    limits = [ln.max_new_tokens or settings["max_new_tokens"] for ln in lines]
+    drafter = as_drafter(draft)
+    for ln, p, s, n in zip(lines, ids, seeds, limits, strict=True):  # all checked before any runs
+        try:
+            _validate(tmodel, drafter, p, n, common["eos_token_id"], s)
+        except ErsdError as exc:
+            raise type(exc)(f"{path} line {ln.line}: {exc}") from None
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(limits):
+        groups[n].append(i)
+    # warm-up: first forwards pay one-time costs (kernels, allocator); keep them out of timings
+    ersd.generate(tmodel, draft, ids[0], seed=seeds[0], max_new_tokens=2, **common)
+    sink: IO[str] | None = None
+    if out:
+        try:
+            sink = open(out, "w", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
+        except OSError as exc:
+            raise InputFileError(f"--out {out}: cannot write it ({exc.strerror})") from None
+    printer = _InOrder(lines, seeds, tmodel.tokenizer, as_json, sink)
+    t0 = time.perf_counter()
+    try:
+        with tqdm(
+            total=len(lines), desc="prompts", unit="prompt", file=sys.stderr, disable=not progress
+        ) as bar:
+            for limit, members in groups.items():
+                records: dict[int, list[Any]] = defaultdict(list)
+                stream = ersd.generate_batch_stream(
+                    tmodel,
+                    draft,
+                    [ids[i] for i in members],
+                    seeds=[seeds[i] for i in members],
+                    max_new_tokens=limit,
+                    max_batch_size=batch_size,
+                    **common,
+                )
+                for j, rec in stream:
+                    i = members[j]
+                    records[i].append(rec)
+                    if rec.finish_reason is None:
+                        continue
+                    steps = records.pop(i)
+                    printer.done(
+                        i,
+                        ersd.GenerationResult.from_steps(
+                            steps,
+                            method=common["method"],
+                            tree=common["tree"] if draft is not None else None,
+                            eos_token_id=common["eos_token_id"],
+                            wall_time=sum(r.total_time for r in steps),
+                        ),
+                    )
+                    bar.update()
+    finally:
+        if sink is not None:
+            sink.close()
+    wall = time.perf_counter() - t0
+    tokens = printer.tokens
+    log(
+        f"\n--- {len(lines)} prompts, {tokens} tokens in {wall:.1f}s: {tokens / wall:.2f} "
+        f"tokens/s (batch size {batch_size}, {settings['method']}"
+        + (f" {common['tree']}" if draft is not None else ", target-only")
+        + ") ---"
+    )
+    if out:
+        log(f"[wrote {len(lines)} JSON lines to {out}]")
+
+
+class _InOrder:
+    """Prints (or writes) results in input order: result ``i`` goes out once 0..i-1 have."""
+
+    def __init__(
+        self, lines: list[PromptLine], seeds: list[int], tokenizer: Any, as_json: bool, sink: Any
+    ) -> None:
+        self.lines, self.seeds, self.tokenizer = lines, seeds, tokenizer
+        self.as_json, self.sink = as_json, sink
+        self.ready: dict[int, Any] = {}
+        self.next = 0
+        self.tokens = 0
+
+    def done(self, index: int, res: Any) -> None:
+        self.ready[index] = res
+        while self.next in self.ready:
+            self._emit(self.next, self.ready.pop(self.next))
+            self.next += 1
+
+    def _emit(self, i: int, res: Any) -> None:
+        import click
+
+        self.tokens += len(res.tokens)
+        line = self.lines[i]
+        text = self.tokenizer.decode(res.tokens, skip_special_tokens=True)
+        if self.as_json:
+            obj = {"index": i, **line.source(), "seed": self.seeds[i], "text": text}
+            obj.update(res.stats(), tokens=res.tokens)
+            if self.sink is not None:
+                self.sink.write(json.dumps(obj) + "\n")
+                self.sink.flush()
+            else:
+                click.echo(json.dumps(obj))
+            return
+        click.echo(f"=== prompt {i} (line {line.line}, seed {self.seeds[i]}) ===")
+        click.echo(text)
+        click.echo(
+            f"--- {len(res.tokens)} tokens, {res.target_calls} target calls, block efficiency "
+            f"{res.block_efficiency:.2f}, acceptance rate {res.acceptance_rate:.2f}, "
+            f"{res.tokens_per_second:.2f} tokens/s, finish {res.finish_reason}\n"
+        )

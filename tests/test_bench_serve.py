@@ -1,0 +1,66 @@
+"""``ersd bench serve``: the load test against a real ``ersd serve`` subprocess on the toy models
+(loopback, a free port, a few 4-token requests; the server is stopped by the command itself)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ersd.bench.serve_load import LoadSettings, ServeLoadError, load_prompts, table_row
+from ersd.cli import main
+
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+TOY = ["--target", "toy", "--draft", "toy-draft", "--tree", "chain:2"]
+
+
+def test_bench_serve_smoke_on_the_toy_models(tmp_path: Path) -> None:
+    out = tmp_path / "serve.jsonl"
+    args = ["bench", "serve", *TOY, "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4"]
+    res = CliRunner().invoke(main, [*args, "--startup-timeout", "300", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["concurrency"], r["mode"]) for r in rows] == [
+        (1, "ersd chain:2"),
+        (1, "target-only"),
+        (2, "ersd chain:2"),
+        (2, "target-only"),
+    ]
+    for r in rows:
+        assert r["model"] == "toy" and r["max_tokens"] == 4
+        # the toy models never emit EOS: every request runs to max_tokens
+        assert r["requests"] == 2 * r["concurrency"] and r["tokens"] == 4 * r["requests"]
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"])
+        assert 0 < r["ttft_mean_s"] <= r["latency_mean_s"] and r["itl_mean_s"] >= 0
+        assert table_row(r) in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == str(out)
+
+
+def test_a_server_that_cannot_start_is_a_clean_error(tmp_path: Path) -> None:
+    args = ["bench", "serve", "--target", "no-such-model", "--draft", "none"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x.jsonl")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "server exited" in res.stderr and "no-such-model" in res.stderr, res.stderr
+
+
+def test_an_unreachable_url_is_a_clean_error(tmp_path: Path) -> None:
+    args = ["bench", "serve", "--url", "http://127.0.0.1:9", "--warmup", "1"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x.jsonl")])
+    assert res.exit_code == 1 and "127.0.0.1:9" in res.stderr and "server is up" in res.stderr
+
+
+@pytest.mark.parametrize("levels", ["0", "a,b", "", "1,-4"])
+def test_bad_concurrency_is_refused(levels: str) -> None:
+    res = CliRunner().invoke(main, ["bench", "serve", "--concurrency", levels])
+    assert res.exit_code == 2 and "e.g. 1,4,8" in res.stderr
+
+
+def test_settings_and_prompts() -> None:
+    with pytest.raises(ServeLoadError, match="e.g. 1,4,8"):
+        LoadSettings(concurrency=[])
+    texts = load_prompts(45)  # more than the 40 bundled: cycled
+    assert len(texts) == 45 and texts[40] == texts[0] and len(set(texts)) == 40

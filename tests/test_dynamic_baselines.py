@@ -225,3 +225,24 @@ def test_specs_and_errors() -> None:
         ersd.generate(
             target, draft, PROMPT, max_new_tokens=4, method="specinfer", tree="dynamic-cost:4"
         )
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_batched_generation_matches_one_at_a_time(method: str) -> None:
+    target, draft = TARGET6.model(), make_drafts(TARGET6, seed=7)["mild"].model()
+    prompts, seeds = [[1, 2], [3], [4, 5, 0]], [5, 6, 7]
+    got = ersd.generate_batch(
+        target,
+        ConfidenceDrafter(draft, 6),
+        prompts,
+        max_new_tokens=12,
+        seeds=seeds,
+        tree="chain:6",  # the envelope: depth cap 6
+        method=method,
+    )
+    one = [
+        ersd.generate(target, draft, p, max_new_tokens=12, seed=s, tree="dynamic:6", method=method)
+        for p, s in zip(prompts, seeds, strict=True)
+    ]
+    assert [r.tokens for r in got] == [r.tokens for r in one]
+    assert sum(r.num_accepted_tokens for r in got) > 0

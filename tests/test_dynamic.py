@@ -405,7 +405,7 @@ def test_bad_specs_and_methods_are_clear_errors() -> None:
         with pytest.raises(InvalidTreeSpecError, match="dynamic"):
             ersd.generate(target, draft, PROMPT, max_new_tokens=4, tree=bad)
     with pytest.raises(UnsupportedTreeError, match="ERSD"):
-        ersd.generate(target, draft, PROMPT, max_new_tokens=4, tree="dynamic:4", method="sd")
+        ersd.generate(target, draft, PROMPT, max_new_tokens=4, tree="dynamic:4", method="gls")
     with pytest.raises(ErsdError, match="cost"):
         ersd.generate(target, draft, PROMPT, max_new_tokens=4, tree="dynamic-cost:4")
     with pytest.raises(ErsdError, match="budget"):

@@ -9,11 +9,14 @@
 docs/drafters.md says which to use when and why each method stays exact.
 * :class:`DynamicDrafter` — a draft model growing ERSD trees best-first from its own races
   (:mod:`ersd.drafting.dynamic`); :class:`MarginRecorder` records its calibration data.
+* :class:`ConfidenceDrafter` — the same `dynamic:K` specs for SD, SpecInfer and SpecTr, grown
+  from the draft's confidence (:mod:`ersd.drafting.confidence`).
 """
 
 from __future__ import annotations
 
 from ersd.drafting.base import Drafter, DraftSession, Proposal
+from ersd.drafting.confidence import ConfidenceDrafter
 from ersd.drafting.dynamic import DynamicDrafter, MarginRecorder
 from ersd.drafting.free import DrafterStats, SourceStats
 from ersd.drafting.grow import DrafterConfigError
@@ -24,6 +27,7 @@ from ersd.drafting.spec import is_drafter_spec, parse_drafter
 from ersd.drafting.suffix import SuffixDrafter
 
 __all__ = [
+    "ConfidenceDrafter",
     "DraftSession",
     "Drafter",
     "DrafterConfigError",

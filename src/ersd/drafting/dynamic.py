@@ -12,9 +12,10 @@ variant also stops where the predicted tokens per second (a cost model such as
 target call, ``1 + Σ reach`` (``Proposal.expected_tokens`` → ``StepRecord.expected_tokens``).
 
 Exactness is untouched: the tree is a function of the draft side only, and ERSD emits the
-target's race winners whatever the tree (it stays drafter invariant).  Only ERSD is supported
-(the rejection-based methods draft i.i.d. lanes, whose ranks carry no race margin); at
-temperature 0 the tree is a chain of ``min(K, depth cap)`` greedy tokens.
+target's race winners whatever the tree (it stays drafter invariant).  SD, SpecInfer and SpecTr
+get the same specs grown from the draft's confidence instead (their i.i.d. lanes carry no race
+margin): :mod:`ersd.drafting.confidence`.  At temperature 0 the tree is a chain of
+``min(K, depth cap)`` greedy tokens.
 
 Spec strings (through :func:`dynamic_tree`, called by :func:`ersd.generate`):
 ``dynamic:K`` (depth cap K), ``dynamic:K@D`` (depth cap D), ``dynamic-cost:K[@D]`` (cost-aware;
@@ -401,13 +402,13 @@ def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Draft
     spec = parse_dynamic(tree)
     if spec is None or drafter is None:
         return drafter, tree
+    from ersd.drafting.confidence import baseline_drafter
     from ersd.methods import get_method
 
-    if not isinstance(get_method(method), ERSD):
-        raise UnsupportedTreeError(
-            f"tree {tree!r}: dynamic trees are grown from the draft's race, which only ERSD "
-            "shares with the target; use method='ersd' or a static tree such as 'chain:4'"
-        )
+    meth = get_method(method)
+    if not isinstance(meth, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
+        base = baseline_drafter(spec, drafter, meth)
+        return base, TreeShape.chain(base.depth_cap)
     if isinstance(drafter, DynamicDrafter):
         out = drafter.configured(spec)
     elif isinstance(drafter, ModelDrafter):
@@ -428,7 +429,9 @@ def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Draft
 
 def tree_label(tree: Any, draft: Any) -> Any:
     """The tree a result is labelled with: the dynamic spec when a dynamic drafter drafts."""
-    if isinstance(draft, DynamicDrafter) and parse_dynamic(tree) is None:
+    from ersd.drafting.confidence import ConfidenceDrafter
+
+    if isinstance(draft, DynamicDrafter | ConfidenceDrafter) and parse_dynamic(tree) is None:
         return draft.spec
     spec = parse_dynamic(tree)
     return spec.spec if spec is not None else tree

@@ -94,7 +94,9 @@ def test_smollm2_batch_invariance_float32() -> None:
     prompts = [target.tokenizer.encode(t) for t in texts]
     for method in ("ersd", "sd"):
         kw: dict[str, Any] = dict(method=method, tree="chain:3", temperature=1.0)
-        results = ersd.generate_batch(target, draft, prompts, seeds=[1, 2, 3], max_new_tokens=24, **kw)
+        results = ersd.generate_batch(
+            target, draft, prompts, seeds=[1, 2, 3], max_new_tokens=24, **kw
+        )
         for prompt, seed, res in zip(prompts, [1, 2, 3], results, strict=True):
             solo = ersd.generate(target, draft, prompt, seed=seed, max_new_tokens=24, **kw)
             assert res.tokens == solo.tokens, f"{method}: batched row differs for {prompt[:4]}"

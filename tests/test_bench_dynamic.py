@@ -103,7 +103,11 @@ def test_report_has_the_dynamic_section_and_calibration_plot(dyn_run: Path, tmp_
 
 @pytest.mark.parametrize(
     ("trees", "fix"),
-    [({"sd": ["dynamic:4"]}, "list it under ersd"), ({"ersd": ["dynamic:0"]}, "dynamic:K")],
+    [
+        ({"gls": ["dynamic:4"]}, "list it under one of them"),
+        ({"sd": ["dynamic-cost:4"]}, "ERSD's only"),
+        ({"ersd": ["dynamic:0"]}, "dynamic:K"),
+    ],
 )
 def test_config_errors(trees: dict, fix: str) -> None:
     with pytest.raises(BenchConfigError, match=fix):

@@ -28,6 +28,9 @@ BATCH_BASELINES = ("target-only", "hf-generate")
 #: prompt sets shipped in ``ersd/data`` (see its PROVENANCE.md)
 PROMPT_SETS = ("humaneval", "mtbench", "math", "grounded")
 
+# methods that grow `dynamic:K` trees (ERSD from its race, the others from draft confidence)
+DYNAMIC_METHODS = ("ersd", "sd", "specinfer", "spectr")
+
 
 class BenchConfigError(ErsdError):
     """A benchmark config file is missing, malformed, or holds an unknown key or a bad value."""
@@ -288,10 +291,16 @@ def _validate(cfg: BenchConfig) -> None:
                 dynamic = parse_dynamic(spec) is not None
             except ErsdError as exc:
                 raise BenchConfigError(f"run.trees.{method}: {exc}") from None
-            if dynamic and method != "ersd":
+            if dynamic and method not in DYNAMIC_METHODS:
                 raise BenchConfigError(
-                    f"run.trees.{method}: {spec!r} is a dynamic ERSD tree (grown from the draft's "
-                    "race); list it under ersd"
+                    f"run.trees.{method}: {spec!r} is a dynamic tree, which only "
+                    f"{', '.join(DYNAMIC_METHODS)} grow (ERSD from the draft's race, the others "
+                    "from the draft's confidence); list it under one of them"
+                )
+            if dynamic and method != "ersd" and spec.startswith("dynamic-cost"):
+                raise BenchConfigError(
+                    f"run.trees.{method}: {spec!r}: the cost-aware dynamic tree is ERSD's only; "
+                    "use dynamic:K for the baselines"
                 )
             if not dynamic and spec != "auto" and not spec.startswith(("optimal:", "cost-aware")):
                 try:

@@ -42,7 +42,7 @@ MAX_BATCHED_TAIL = 8
 def score_batch(
     model: HFModel, sessions: Sequence[Any], calls: Sequence[tuple[Sequence[int], Sequence[int]]]
 ) -> list[torch.Tensor]:
-    """``[s.score(*c) for s, c in zip(sessions, calls)]`` with one forward for the batchable rows."""
+    """``[s.score(*c) for s, c in zip(sessions, calls)]``, one forward for the batchable rows."""
     out: list[torch.Tensor | None] = [None] * len(sessions)
     batch: list[tuple[int, HFSession, MaskPlan]] = []
     batchable = model.sliding_window is None and model.resolved_tree_attention() == "mask"
@@ -72,7 +72,9 @@ def score_batch(
     return [o for o in out if o is not None]
 
 
-def _forward_rows(model: HFModel, batch: list[tuple[int, HFSession, MaskPlan]]) -> list[torch.Tensor]:
+def _forward_rows(
+    model: HFModel, batch: list[tuple[int, HFSession, MaskPlan]]
+) -> list[torch.Tensor]:
     """One forward for the planned rows; returns each row's kept logits (float32)."""
     dev = model.device
     b = len(batch)
@@ -101,9 +103,7 @@ def _forward_rows(model: HFModel, batch: list[tuple[int, HFSession, MaskPlan]]) 
     stacked = model.new_cache()
     if p_len:
         _stack_into(stacked, caches, plans, p_len)
-    logits = model._forward(
-        ids.to(dev), positions.to(dev), stacked, mask.to(dev), q_len
-    ).float()
+    logits = model._forward(ids.to(dev), positions.to(dev), stacked, mask.to(dev), q_len).float()
     # hand each row its new entries: the columns [P, P + q_i) of its batch row
     for r, (cache, plan) in enumerate(zip(caches, plans, strict=True)):
         q = len(plan.ids)
@@ -111,9 +111,7 @@ def _forward_rows(model: HFModel, batch: list[tuple[int, HFSession, MaskPlan]]) 
             keys = layer.keys[r : r + 1, :, p_len : p_len + q]
             values = layer.values[r : r + 1, :, p_len : p_len + q]
             cache.update(keys.contiguous(), values.contiguous(), idx)
-    return [
-        logits[r, len(plan.ids) - plan.keep : len(plan.ids)] for r, plan in enumerate(plans)
-    ]
+    return [logits[r, len(plan.ids) - plan.keep : len(plan.ids)] for r, plan in enumerate(plans)]
 
 
 def _stack_into(stacked: Any, caches: list[Any], plans: list[MaskPlan], p_len: int) -> None:

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.results import GenerationResult, StepRecord
-    from ersd.tree import TreeShape, parse_tree
+    from ersd.costs import CostModel
+    from ersd.tree import AutoTree, TreeShape, parse_tree
 
 __version__ = "0.1.0"
 
@@ -68,6 +69,8 @@ _LAZY: dict[str, str] = {
     "SamplingParams": "ersd.probs",
     "logits_to_probs": "ersd.probs",
     "TreeShape": "ersd.tree",
+    "AutoTree": "ersd.tree",
+    "CostModel": "ersd.costs",
     "parse_tree": "ersd.tree",
 }
 
@@ -87,7 +90,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "METHODS",
+    "AutoTree",
     "BatchEngine",
+    "CostModel",
     "DraftSession",
     "Drafter",
     "ErsdError",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from click.testing import CliRunner
 
 import ersd
-from ersd.auto import OnlineProfile, TreeChooser, measured_costs
+from ersd.auto import OnlineProfile, TreeChooser
 from ersd.batch import derive_seed
 from ersd.cli import main
 from ersd.costs import CostModel, CostModelError, measure_costs, predict
@@ -157,6 +158,21 @@ def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
         )
 
 
+def test_fast_paths_equal_the_theory_library() -> None:
+    from ersd.auto import expected_tokens, tunstall_order
+    from ersd.theory import expected_block_efficiency_by_depth, optimal_tree_by_depth
+
+    probs = [[0.5, 0.2, 0.1], [0.7, 0.1], [0.3, 0.3, 0.3]]  # per depth, ties included
+    order = tunstall_order(probs, 16)
+    for k in range(1, 17):
+        paths = sorted(order[:k], key=lambda t: (len(t), t))
+        assert paths == optimal_tree_by_depth(probs, k)
+        shape = TreeShape.from_paths(paths)
+        assert expected_tokens(shape, probs) == pytest.approx(
+            expected_block_efficiency_by_depth(shape.paths, probs)
+        )
+
+
 def test_online_profile_learns_from_ranks_and_chain_outcomes() -> None:
     ranked = OnlineProfile(ranked=True)
     prior = ranked.depth_probs()[0]
@@ -234,7 +250,12 @@ def test_generate_batch_auto_is_batch_invariant(pair) -> None:
     )
     for i, (prompt, res) in enumerate(zip(prompts, batch, strict=True)):
         solo = ersd.generate(
-            target, draft, prompt, seed=derive_seed(5, i), max_new_tokens=20, tree=auto,
+            target,
+            draft,
+            prompt,
+            seed=derive_seed(5, i),
+            max_new_tokens=20,
+            tree=auto,
             eos_token_id=5,
         )
         plain = ersd.generate(
@@ -287,6 +308,10 @@ def test_auto_grammar_and_bad_input(tmp_path, pair) -> None:
     bad.write_text("{not json")
     with pytest.raises(ersd.ErsdError, match="not valid JSON"):
         ersd.generate_batch(target, draft, [[1], [2]], max_new_tokens=4, tree=f"auto@{bad}")
+    with pytest.raises(ersd.InvalidTreeSpecError, match="rank profile"):
+        ersd.generate(target, draft, [1], max_new_tokens=4, tree=AutoTree(profile=[[1.5, 0.2]]))
+    with pytest.raises(ersd.InvalidTreeSpecError, match="not one fixed shape"):
+        parse_tree(AutoTree())
     with pytest.raises(ersd.ErsdError, match="cost model"):
         ersd.generate(target, draft, [1], max_new_tokens=4, tree=AutoTree(costs={"sizes": [1]}))
 
@@ -300,6 +325,63 @@ def test_cli_tree_auto_on_toy_models() -> None:
     assert out["tree"] == "auto" and out["identical_to_target_only"] is True
     assert sum(out["auto_choices"].values()) == out["target_calls"]
     assert out["auto_summary"].startswith("auto chose:")
-    res = CliRunner().invoke(main, args[:-2] + ["ab"])  # the human-readable statistics
+    res = CliRunner().invoke(main, [*args[:-2], "ab"])  # the human-readable statistics
     assert res.exit_code == 0, res.output
     assert "auto chose:" in res.stdout
+
+
+# --- exactness: the choice adapts to each row's history, the law stays the target's ----------
+
+#: chain:1 pays over no drafting iff P(accept) > 0.55: the prior (0.6) drafts, one rejection
+#: (estimate 0.48) stops drafting, so the trees depend on each row's own past
+#: (per row at any batch size: B rows cost B times one row, so the batch does not matter here)
+_ROW = [0.1, 0.155, 0.30, 0.6]
+ADAPTIVE = CostModel(
+    sizes=SIZES,
+    target=_ROW,
+    draft=[0.0] * 4,
+    batch_sizes=[1, 64],
+    target_batch=[_ROW, [64 * t for t in _ROW]],
+    draft_batch=[[0.0] * 4, [0.0] * 4],
+)
+
+
+def auto_law_test(method, setting: str, draft: str):
+    from tests.exactness_util import config_seed, exact_law, gof_test
+    from tests.test_exactness import DRAFTS, LENGTH, PROMPT, SETTINGS, TARGET, N
+
+    kw = SETTINGS[setting]
+    law = exact_law(TARGET, PROMPT, LENGTH, kw)
+    base = config_seed("auto", getattr(method, "name", method), setting, draft)
+    results = ersd.generate_batch(
+        TARGET.model(),
+        DRAFTS[draft].model(),
+        [PROMPT] * N,
+        seeds=list(range(base, base + N)),
+        max_new_tokens=LENGTH,
+        method=method,
+        tree=AutoTree(costs=ADAPTIVE, max_nodes=4),
+        max_batch_size=64,
+        **kw,
+    )
+    histories = {tuple(s.choice["tree"] for s in r.steps) for r in results}
+    return gof_test(Counter(tuple(r.tokens) for r in results), law), histories
+
+
+@pytest.mark.parametrize(
+    ("method", "setting", "draft"), [("sd", "T1.0", "mild"), ("ersd", "T0.6", "bad")]
+)
+def test_auto_keeps_the_target_law(method: str, setting: str, draft: str) -> None:
+    from tests.exactness_util import ALPHA
+
+    res, histories = auto_law_test(method, setting, draft)
+    assert len(histories) >= 2, histories  # the trees really adapt to the rows' histories
+    assert res.pvalue >= ALPHA, f"{method} auto {setting} {draft}: {res}"
+
+
+def test_auto_mutant_is_rejected() -> None:
+    from tests.exactness_util import ALPHA
+    from tests.test_exactness import SDNoResidual
+
+    res, _ = auto_law_test(SDNoResidual(), "T1.0", "mild")
+    assert res.pvalue < ALPHA, f"mutant not rejected through tree='auto': {res}"

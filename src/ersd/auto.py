@@ -1,4 +1,4 @@
-"""``tree="auto"``: each step's draft tree chosen for predicted throughput at the current batch size.
+"""``tree="auto"``: each step's draft tree chosen for predicted throughput at the batch size.
 
 Before every step a :class:`TreeChooser` predicts, for each candidate — no drafting (one target
 forward, one token), chains of 1..8 tokens and (ERSD at temperature > 0) the optimal trees of a
@@ -29,15 +29,16 @@ and batch-invariant); other methods' tokens depend on the trees chosen, hence on
 
 from __future__ import annotations
 
+import heapq
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ersd.costs import DEFAULT_SIZES, CostModel, CostModelError, measure_curve, predict
-from ersd.errors import InvalidTreeSpecError, UnsupportedTreeError
-from ersd.theory import optimal_tree_by_depth
+from ersd.costs import DEFAULT_SIZES, CostModel, CostModelError, measure_curve
+from ersd.errors import ErsdError, InvalidTreeSpecError, UnsupportedTreeError
+from ersd.theory import expected_block_efficiency_by_depth
 from ersd.theory.profile import RankProfileError, load_profiles, tree_depth_probs
 from ersd.tree import AutoTree, TreeShape
 
@@ -55,6 +56,39 @@ TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
 MEASURE_PROMPT_TOKENS = 64
 _CACHE_ATTR = "_ersd_cost_curves"
 _FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
+
+
+def _prob(probs: list[Any], depth: int, index: int) -> float:
+    """``P(R = index + 1)`` at 0-based ``depth`` (the last vector is reused deeper down)."""
+    vec = probs[min(depth, len(probs) - 1)]
+    return float(vec[index]) if index < len(vec) else 0.0
+
+
+def expected_tokens(shape: TreeShape, probs: list[Any]) -> float:
+    """:func:`ersd.theory.expected_block_efficiency_by_depth` of ``shape`` without re-validating
+    the (already checked) profile: ``1 + Σ_nodes Π P_R`` along each node's path."""
+    reach: list[float] = []
+    for path, parent in zip(shape.paths, shape.parents, strict=True):
+        r = _prob(probs, len(path) - 1, path[-1]) * (reach[parent] if parent >= 0 else 1.0)
+        reach.append(r)
+    return 1.0 + sum(reach)
+
+
+def tunstall_order(probs: list[Any], k: int) -> list[tuple[int, ...]]:
+    """The paths :func:`ersd.theory.optimal_tree_by_depth` picks for ``k`` nodes, in the order
+    they are picked (same ties), so that its first ``j`` are the optimal ``j``-node tree."""
+    heap: list[tuple[float, int, tuple[int, ...], float]] = [(-_prob(probs, 0, 0), 1, (0,), 1.0)]
+    out: list[tuple[int, ...]] = []
+    while len(out) < k and heap:
+        neg, depth, path, parent_prob = heapq.heappop(heap)
+        out.append(path)
+        heapq.heappush(heap, (neg * _prob(probs, depth, 0), depth + 1, (*path, 0), -neg))
+        sib = path[-1] + 1
+        heapq.heappush(
+            heap,
+            (-parent_prob * _prob(probs, depth - 1, sib), depth, (*path[:-1], sib), parent_prob),
+        )
+    return out
 
 
 class OnlineProfile:
@@ -99,9 +133,9 @@ class OnlineProfile:
         w = PRIOR_WEIGHT
         total = sum(self.counts, np.zeros(MAX_RANK))
         pooled = (total + w * self.prior) / (sum(self.trials) + w)
-        return [(c + w * pooled) / (n + w) for c, n in zip(self.counts, self.trials, strict=True)] + [
-            pooled
-        ]
+        return [
+            (c + w * pooled) / (n + w) for c, n in zip(self.counts, self.trials, strict=True)
+        ] + [pooled]
 
 
 @dataclass
@@ -116,7 +150,7 @@ class Choice:
     batch: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
 
 
 def _cache(model: Any) -> dict[Any, list[float]]:
@@ -152,8 +186,8 @@ def model_curve(model: Any, context: list[int], batch: int) -> list[float]:
 def measured_costs(target: Any, draft: Any, context: list[int], batch: int) -> CostModel:
     """A :class:`CostModel` measured at batch 1 and the powers of two around ``batch``
     (``draft=None``: a model-free drafter, no draft cost)."""
-    lo = 1 << int(math.floor(math.log2(batch)))
-    hi = 1 << int(math.ceil(math.log2(batch)))
+    lo = 1 << math.floor(math.log2(batch))
+    hi = 1 << math.ceil(math.log2(batch))
     sizes = sorted({1, lo, hi})
     zero = [0.0] * len(DEFAULT_SIZES)
     tgt = [model_curve(target, context, b) for b in sizes]
@@ -197,6 +231,7 @@ class TreeChooser:
         from ersd.methods.ersd import ERSD
 
         self.auto = auto
+        self.method = method
         self.target = target
         self.draft_model = draft_model_of(drafter)
         self.ranked = isinstance(rule, ERSD)
@@ -211,20 +246,29 @@ class TreeChooser:
                     if costs is None:
                         costs = f.data.get("costs")
                 self.fixed_probs = tree_depth_probs(source, temperature)
+                expected_block_efficiency_by_depth([(0,)], self.fixed_probs)  # checks the vectors
             except RankProfileError as exc:
                 raise InvalidTreeSpecError(f"tree {auto.spec!r}: {exc}") from None
+            except (ErsdError, TypeError, ValueError) as exc:
+                raise InvalidTreeSpecError(
+                    f"tree {auto.spec!r}: the rank profile must be a profile or calibration file, "
+                    f"a RankProfile or per-depth rank-probability vectors ({exc})"
+                ) from None
         try:
             self.costs = CostModel.from_dict(costs) if costs is not None else None
         except CostModelError as exc:
             raise InvalidTreeSpecError(f"tree {auto.spec!r}: cost model: {exc}") from None
         self.online = OnlineProfile(self.ranked) if self.fixed_probs is None else None
-        self.method = method
-        self.chains = {
-            f"chain:{k}": s
-            for k in CHAIN_LENGTHS
-            if k <= auto.max_nodes and self._supported(s := TreeShape.chain(k))
-        }
+        self.chains: dict[str, TreeShape] = {}
+        for k in CHAIN_LENGTHS:
+            chain = TreeShape.chain(k)
+            if k <= auto.max_nodes and self._supported(chain):
+                self.chains[f"chain:{k}"] = chain
         self.last: Choice | None = None
+        self._measured: dict[int, CostModel] = {}  # measured costs per batch size
+        self._steps: dict[tuple[Any, int], float] = {}  # step time per (tree, batch size)
+        self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
+        self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -243,12 +287,12 @@ class TreeChooser:
         """Chains, and (ERSD at T > 0) optimal trees of :data:`TREE_SIZES` nodes under
         ``probs`` (a tree equal to an earlier candidate is left out)."""
         out = dict(self.chains)
-        if self.ranked:
+        sizes = [k for k in TREE_SIZES if k <= self.auto.max_nodes]
+        if self.ranked and sizes:
             seen = {s.paths for s in out.values()}
-            for k in TREE_SIZES:
-                if k > self.auto.max_nodes:
-                    break
-                shape = TreeShape.from_paths(optimal_tree_by_depth(probs, k))
+            order = tunstall_order(probs, sizes[-1])
+            for k in sizes:
+                shape = TreeShape(tuple(sorted(order[:k], key=lambda t: (len(t), t))))
                 if shape.paths not in seen and self._supported(shape):
                     seen.add(shape.paths)
                     out[f"optimal:{k}"] = shape
@@ -257,17 +301,27 @@ class TreeChooser:
     def costs_at(self, context: list[int], batch: int) -> CostModel:
         if self.costs is not None:
             return self.costs
-        return measured_costs(self.target, self.draft_model, context, batch)
+        if batch not in self._measured:
+            self._measured[batch] = measured_costs(self.target, self.draft_model, context, batch)
+        return self._measured[batch]
+
+    def _step_time(self, costs: CostModel, shape: TreeShape, batch: int) -> float:
+        key = (shape.paths, batch)  # the costs at one batch size never change
+        if key not in self._steps:
+            self._steps[key] = costs.step_time(shape, batch)
+        return self._steps[key]
 
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
         ``batch`` live rows; the decision is kept in :attr:`last`."""
+        if self._decided is not None and self._decided[0] == (batch, self._learned):
+            return self._decided[1]  # nothing learned since the same decision at this batch
         costs = self.costs_at(context, batch)
         probs = self.depth_probs()
-        plain = predict(None, probs, costs, "none", batch).tokens_per_second
+        plain = costs.target_only_rate(batch)
         best_spec, best_shape, best_rate = None, None, -math.inf
         for spec, shape in self.candidates(probs).items():
-            rate = predict(shape, probs, costs, spec, batch).tokens_per_second
+            rate = batch * expected_tokens(shape, probs) / self._step_time(costs, shape, batch)
             if rate > best_rate:
                 best_spec, best_shape, best_rate = spec, shape, rate
         drafts = best_shape is not None and best_rate > plain
@@ -279,12 +333,15 @@ class TreeChooser:
             best_tree_predicted=best_rate if best_spec else None,
             batch=batch,
         )
-        return best_shape if drafts else None
+        shape = best_shape if drafts else None
+        self._decided = ((batch, self._learned), shape)
+        return shape
 
     def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
         """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns
         the step's decision as a dict (for :attr:`ersd.StepRecord.choice`)."""
         if self.online is not None and depth > 0:
+            self._learned += 1
             if self.ranked:
                 self.online.observe_ranks(ranks)
             else:
@@ -301,6 +358,8 @@ __all__ = [
     "OnlineProfile",
     "TreeChooser",
     "draft_model_of",
+    "expected_tokens",
     "measured_costs",
     "model_curve",
+    "tunstall_order",
 ]

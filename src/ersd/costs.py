@@ -62,7 +62,9 @@ def _check_curve(name: str, values: Any, n: int) -> list[float]:
     try:
         out = [float(v) for v in values]
     except (TypeError, ValueError):
-        raise CostModelError(f"cost curve {name} must be a list of seconds, got {values!r}") from None
+        raise CostModelError(
+            f"cost curve {name} must be a list of seconds, got {values!r}"
+        ) from None
     if len(out) != n or not all(math.isfinite(v) and v >= 0 for v in out):
         raise CostModelError(
             f"cost curve {name} must hold {n} finite non-negative seconds (one per size), got "

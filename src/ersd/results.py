@@ -172,9 +172,7 @@ class GenerationResult:
         if last["tree"] == "none":
             why = f"predicted {last['target_only']:.1f} tok/s target-only"
             if last.get("best_tree"):
-                why += (
-                    f" vs {last['best_tree_predicted']:.1f} with best tree {last['best_tree']}"
-                )
+                why += f" vs {last['best_tree_predicted']:.1f} with best tree {last['best_tree']}"
         else:
             why = (
                 f"predicted {last['predicted']:.1f} tok/s with {last['tree']} vs "

@@ -197,6 +197,11 @@ def parse_tree(
     """
     if isinstance(spec, TreeShape):
         return spec
+    if isinstance(spec, AutoTree):
+        raise InvalidTreeSpecError(
+            f"tree {spec.spec!r} chooses a tree per step, it is not one fixed shape: pass it as "
+            "tree= to ersd.generate / ersd.generate_batch"
+        )
     if not isinstance(spec, str):
         return TreeShape.from_paths(spec)
     s = spec.strip()

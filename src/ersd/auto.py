@@ -333,9 +333,9 @@ class TreeChooser:
             best_tree_predicted=best_rate if best_spec else None,
             batch=batch,
         )
-        shape = best_shape if drafts else None
-        self._decided = ((batch, self._learned), shape)
-        return shape
+        chosen = best_shape if drafts else None
+        self._decided = ((batch, self._learned), chosen)
+        return chosen
 
     def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
         """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns

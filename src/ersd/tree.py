@@ -183,7 +183,7 @@ class TreeShape:
 
 
 def parse_tree(
-    spec: str | TreeShape | Sequence[Sequence[int]],
+    spec: str | TreeShape | AutoTree | Sequence[Sequence[int]],
     *,
     profile: Any = None,
     temperature: float | None = None,

@@ -33,6 +33,7 @@ from ersd.errors import (
 
 if TYPE_CHECKING:
     from ersd.batch import BatchEngine, derive_seed, generate_batch, generate_batch_stream
+    from ersd.costs import CostModel
     from ersd.drafting import Drafter, DraftSession, ModelDrafter
     from ersd.generation import generate, generate_stream
     from ersd.methods import METHODS, get_method
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.results import GenerationResult, StepRecord
-    from ersd.tree import TreeShape, parse_tree
+    from ersd.tree import AutoTree, TreeShape, parse_tree
 
 __version__ = "0.1.0"
 
@@ -68,6 +69,8 @@ _LAZY: dict[str, str] = {
     "SamplingParams": "ersd.probs",
     "logits_to_probs": "ersd.probs",
     "TreeShape": "ersd.tree",
+    "AutoTree": "ersd.tree",
+    "CostModel": "ersd.costs",
     "parse_tree": "ersd.tree",
 }
 
@@ -87,7 +90,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "METHODS",
+    "AutoTree",
     "BatchEngine",
+    "CostModel",
     "DraftSession",
     "Drafter",
     "ErsdError",

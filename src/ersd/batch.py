@@ -88,7 +88,8 @@ class Row:
     started: float = field(default_factory=time.perf_counter)
 
     def result(self, label: str | None = None) -> GenerationResult:
-        shape = self.settings.shape
+        chooser = self.settings.chooser
+        shape = self.settings.shape if chooser is None else chooser.auto
         return GenerationResult.from_steps(
             self.records,
             method=label or self.settings.method.name,
@@ -227,7 +228,7 @@ class BatchEngine:
         depths = [0] * len(rows)
         growing: dict[int, Generator[Any, torch.Tensor, DraftTree]] = {}
         for i, row in enumerate(rows):
-            shape = step_shape(row.settings, row.seq)
+            shape = step_shape(row.settings, row.seq, len(rows))  # auto: chosen for the batch
             drafter = row.seq.drafter
             if shape is None or drafter is None:
                 proposals[i] = Proposal(DraftTree.empty(row.seq.key))

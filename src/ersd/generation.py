@@ -31,7 +31,7 @@ from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import RaceNoise, extend_key_many, root_key
 from ersd.results import GenerationResult, StepRecord
-from ersd.tree import TreeShape, parse_tree
+from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
 from ersd.validation import (
     check_eos_ids,
     check_max_new_tokens,
@@ -39,7 +39,7 @@ from ersd.validation import (
     check_token_ids,
 )
 
-TreeSpec = str | TreeShape | Sequence[Sequence[int]]
+TreeSpec = str | TreeShape | AutoTree | Sequence[Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class Settings:
     eos: frozenset[int]
     #: feed at least this many tokens per target forward (padding nodes are scored and dropped)
     min_forward_tokens: int = 1
+    #: ``tree="auto"``: the :class:`ersd.auto.TreeChooser` picking each step's shape (then
+    #: ``shape`` is None); one per sequence, since it learns from the sequence's own steps
+    chooser: Any = None
 
 
 @dataclass
@@ -81,18 +84,22 @@ class SequenceState:
 # --- the four phases -------------------------------------------------------------------------
 
 
-def step_shape(settings: Settings, seq: SequenceState) -> TreeShape | None:
-    """This step's tree shape: the generation's shape cut to the tokens the sequence may still
-    emit, so that a fully accepted tree plus its bonus token fits (ERSD then stops at exactly the
-    token target-only sampling stops at); ``None`` when nothing is drafted."""
-    if settings.shape is None or seq.drafter is None:
+def step_shape(settings: Settings, seq: SequenceState, batch: int = 1) -> TreeShape | None:
+    """This step's tree shape: the generation's shape (with ``tree="auto"``, the chooser's pick
+    for ``batch`` live rows) cut to the tokens the sequence may still emit, so that a fully
+    accepted tree plus its bonus token fits (ERSD then stops at exactly the token target-only
+    sampling stops at); ``None`` when nothing is drafted."""
+    if seq.drafter is None:
         return None
-    return settings.shape.truncated(seq.allowed - 1)
+    shape = settings.shape
+    if settings.chooser is not None:
+        shape = settings.chooser.choose(seq.target.committed, batch)
+    return shape.truncated(seq.allowed - 1) if shape is not None else None
 
 
-def propose(settings: Settings, seq: SequenceState) -> tuple[Proposal, int]:
+def propose(settings: Settings, seq: SequenceState, batch: int = 1) -> tuple[Proposal, int]:
     """Draft this step's tree; returns (proposal, depth of the shape used)."""
-    shape = step_shape(settings, seq)
+    shape = step_shape(settings, seq, batch)
     if shape is None or seq.drafter is None:
         return Proposal(DraftTree.empty(seq.key)), 0
     proposal = seq.drafter.propose(shape, seq.key, settings.rule, settings.params, settings.noise)
@@ -184,7 +191,7 @@ def settle(
     verdict = verify(settings, proposal.tree, logits)
     tokens, accepted = commit(settings, seq, verdict)
     seq.steps += 1
-    return StepRecord(
+    rec = StepRecord(
         step=seq.steps - 1,
         tokens=tokens,
         num_draft_tokens=proposal.tree.num_nodes,
@@ -198,6 +205,9 @@ def settle(
         finish_reason=seq.finish_reason,
         expected_tokens=proposal.expected_tokens,
     )
+    if settings.chooser is not None:  # tree="auto": learn from this step, record the choice
+        rec.choice = settings.chooser.observe(verdict.ranks, len(verdict.accepted), depth)
+    return rec
 
 
 def step(settings: Settings, seq: SequenceState) -> StepRecord:
@@ -236,7 +246,18 @@ def make_settings(
 ) -> Settings:
     """Validate the shared settings of a generation and resolve method, rule and tree once."""
     meth = get_method(method)
-    shape = parse_tree(tree, temperature=params.temperature) if drafter is not None else None
+    auto = parse_auto(tree) if drafter is not None else None
+    chooser = None
+    if auto is not None:
+        from ersd.auto import TreeChooser
+
+        rule = rule_for(meth, params)
+        chooser = TreeChooser(auto, target, drafter, meth, rule, params.temperature)
+    shape = (
+        parse_tree(tree, temperature=params.temperature)
+        if drafter is not None and auto is None
+        else None
+    )
     if shape is not None:
         meth.check_shape(shape)
     return Settings(
@@ -247,6 +268,7 @@ def make_settings(
         noise=noise if noise is not None else RaceNoise(target.vocab_size),
         eos=_eos_set(eos_token_id),
         min_forward_tokens=min_forward_tokens,
+        chooser=chooser,
     )
 
 
@@ -352,7 +374,9 @@ def generate(
 
     With a ``draft`` (a :class:`~ersd.drafting.Drafter`, or a draft model which is wrapped in a
     :class:`~ersd.drafting.ModelDrafter`), speculative sampling with ``method`` over draft trees
-    of shape ``tree`` (see :mod:`ersd.tree`); with ``draft=None``, plain autoregressive sampling
+    of shape ``tree`` (see :mod:`ersd.tree`; ``tree="auto"`` or an :class:`ersd.AutoTree` picks
+    each step's tree, or no drafting, for the highest predicted tokens per second:
+    :mod:`ersd.auto`); with ``draft=None``, plain autoregressive sampling
     from the target with the same sampler and keyed races (one target call per token).
     Temperature 0 is greedy.  Sampling settings come as keywords or as one ``sampling=``
     :class:`~ersd.SamplingParams`.  Generation stops at EOS, after ``max_new_tokens`` or at the

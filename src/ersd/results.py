@@ -7,6 +7,7 @@ decoder in the bench, a batched engine) builds them and labels the result with i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,6 +32,9 @@ class StepRecord:
     total_time: float = 0.0  # seconds for the whole step
     finish_reason: str | None = None  # set on the last record: one of FINISH_REASONS
     expected_tokens: float | None = None  # drafter's predicted tokens per call (dynamic trees)
+    #: ``tree="auto"``: this step's decision (:class:`ersd.auto.Choice` as a dict: ``tree``
+    #: drafted or "none", ``predicted`` / ``target_only`` tokens/s, ``best_tree``, ``batch``)
+    choice: dict[str, Any] | None = None
 
     @property
     def other_time(self) -> float:
@@ -150,6 +154,43 @@ class GenerationResult:
         vals = [s.expected_tokens for s in self.steps if s.expected_tokens is not None]
         return sum(vals) / len(vals) if vals else None
 
+    @property
+    def auto_choices(self) -> dict[str, int]:
+        """``tree="auto"``: steps per chosen tree ("none" = no drafting), most frequent first."""
+        return dict(Counter(s.choice["tree"] for s in self.steps if s.choice).most_common())
+
+    @property
+    def auto_summary(self) -> str | None:
+        """``tree="auto"``: what was chosen and why, e.g. ``auto chose: none in 40/40 steps
+        (last step: predicted 15.1 tok/s target-only vs 11.2 with best tree chain:2, batch 1)``."""
+        picks = [s.choice for s in self.steps if s.choice]
+        if not picks:
+            return None
+        n = len(picks)
+        chosen = ", ".join(f"{t} in {k}/{n} steps" for t, k in self.auto_choices.items())
+        last = picks[-1]
+        if last["tree"] == "none":
+            why = f"predicted {last['target_only']:.1f} tok/s target-only"
+            if last.get("best_tree"):
+                why += f" vs {last['best_tree_predicted']:.1f} with best tree {last['best_tree']}"
+        else:
+            why = (
+                f"predicted {last['predicted']:.1f} tok/s with {last['tree']} vs "
+                f"{last['target_only']:.1f} target-only"
+            )
+        return f"auto chose: {chosen} (last step: {why}, batch {last['batch']})"
+
+    def summary(self) -> str:
+        """A few human-readable lines: tokens, calls, block efficiency, speed, auto's choice."""
+        lines = [
+            f"{self.method} tree {self.tree}: {len(self.tokens)} tokens in {self.target_calls} "
+            f"target calls ({self.block_efficiency:.2f} per call), "
+            f"{self.tokens_per_second:.2f} tokens/s, finish {self.finish_reason}"
+        ]
+        if self.auto_summary:
+            lines.append(self.auto_summary)
+        return "\n".join(lines)
+
     def stats(self) -> dict[str, Any]:
         """Summary statistics as a JSON-ready dict (vLLM metric names where one exists)."""
         return {
@@ -172,6 +213,8 @@ class GenerationResult:
             "tokens_per_second": self.tokens_per_second,
             "finish_reason": self.finish_reason,
             "expected_block_efficiency": self.expected_block_efficiency,
+            "auto_choices": self.auto_choices or None,
+            "auto_summary": self.auto_summary,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,6 +230,7 @@ def _tree_spec(tree: Any) -> str | None:
         return None
     if isinstance(tree, str) and tree.strip().lower().startswith("dynamic"):
         return tree.strip()
-    from ersd.tree import parse_tree
+    from ersd.tree import parse_auto, parse_tree
 
-    return parse_tree(tree).spec
+    auto = parse_auto(tree)
+    return auto.spec if auto is not None else parse_tree(tree).spec

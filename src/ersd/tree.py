@@ -20,6 +20,11 @@ Spec strings (:func:`parse_tree`):
   a calibration file of ``ersd bench calibrate``, read by :func:`ersd.theory.load_profiles`) or
   from the ``profile=`` argument of :func:`parse_tree`; ``temperature=`` picks a calibration
   file's profile (nearest temperature).  :mod:`ersd.theory` is imported only for this kind.
+* ``auto[@FILE]`` — not one shape but a rule: every step, the tree (or no drafting) with the
+  highest predicted throughput at the current batch size, from a rank profile (``@FILE``, else
+  estimated online) and forward-cost curves (:mod:`ersd.auto`, ``docs/auto-tree.md``).
+  :func:`parse_auto` reads it into an :class:`AutoTree`; :func:`parse_tree` refuses it, since it
+  names no fixed shape.
 
 Nodes are stored in topological order (by depth, then path); ``parents[i]`` is the index of node
 ``i``'s parent, ``-1`` for children of the root.  Depths, ancestor masks, position offsets and
@@ -178,7 +183,7 @@ class TreeShape:
 
 
 def parse_tree(
-    spec: str | TreeShape | Sequence[Sequence[int]],
+    spec: str | TreeShape | AutoTree | Sequence[Sequence[int]],
     *,
     profile: Any = None,
     temperature: float | None = None,
@@ -192,13 +197,20 @@ def parse_tree(
     """
     if isinstance(spec, TreeShape):
         return spec
+    if isinstance(spec, AutoTree):
+        raise InvalidTreeSpecError(
+            f"tree {spec.spec!r} chooses a tree per step, it is not one fixed shape: pass it as "
+            "tree= to ersd.generate / ersd.generate_batch"
+        )
     if not isinstance(spec, str):
         return TreeShape.from_paths(spec)
     s = spec.strip()
     kind, sep, arg = s.partition(":")
     kind = kind.strip().lower()
     arg = arg.strip()
-    if not sep:
+    if kind.partition("@")[0].strip() == "auto":
+        kind = "auto"
+    elif not sep:
         raise InvalidTreeSpecError(f"tree spec {spec!r} has no 'kind:' prefix; {_EXAMPLES}")
     if kind in ("chain", "batch", "binary"):
         if not re.fullmatch(r"[1-9][0-9]*", arg):
@@ -231,6 +243,12 @@ def parse_tree(
         return TreeShape.from_paths(paths)
     if kind == "optimal":
         return _optimal(spec, arg, profile, temperature)
+    if kind == "auto":
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r} chooses a tree per step, it is not one fixed shape: pass it as "
+            "tree= to ersd.generate / ersd.generate_batch (or --tree auto), or read it with "
+            "ersd.tree.parse_auto"
+        )
     raise InvalidTreeSpecError(f"unknown tree kind {kind!r} in {spec!r}; {_EXAMPLES}")
 
 
@@ -256,6 +274,53 @@ def _optimal(spec: str, arg: str, profile: Any, temperature: float | None) -> Tr
     except RankProfileError as exc:
         raise InvalidTreeSpecError(f"tree spec {spec!r}: {exc}") from None
     return TreeShape.from_paths(optimal_tree_by_depth(probs, k))
+
+
+@dataclass(frozen=True)
+class AutoTree:
+    """``tree="auto"``: choose each step's tree by predicted throughput (:mod:`ersd.auto`).
+
+    ``profile``: where the rank profile comes from: a rank-profile or calibration file path (as in
+    ``optimal:K@FILE``), a :class:`ersd.theory.RankProfile`, or per-depth rank vectors; ``None``
+    estimates it online from the run's own verified steps.  ``costs``: an
+    :class:`ersd.costs.CostModel` (or its dict); ``None`` takes a calibration file's costs, else
+    measures the models' forward curves once (cached on the model objects).  ``max_nodes`` caps
+    the candidate trees' size.  Plain data: each generation builds its own chooser from it.
+    """
+
+    profile: Any = None
+    costs: Any = None
+    max_nodes: int = 16
+
+    def __post_init__(self) -> None:
+        m = self.max_nodes
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 64:
+            raise InvalidTreeSpecError(f"AutoTree max_nodes must be an int in 1..64, got {m!r}")
+
+    @property
+    def spec(self) -> str:
+        """``auto`` or ``auto@FILE`` (a profile given as an object is not named)."""
+        return f"auto@{self.profile}" if isinstance(self.profile, str) else "auto"
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def parse_auto(spec: Any) -> AutoTree | None:
+    """The :class:`AutoTree` of ``auto`` / ``auto@FILE`` (or an AutoTree); None for other specs."""
+    if isinstance(spec, AutoTree):
+        return spec
+    if not isinstance(spec, str):
+        return None
+    if re.split(r"[@:]", spec, maxsplit=1)[0].strip().lower() != "auto":
+        return None
+    m = re.fullmatch(r"auto\s*(?:@\s*(.+?)\s*)?", spec.strip(), flags=re.IGNORECASE)
+    if not m:
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r}: write 'auto' (profile estimated online) or 'auto@FILE' (a "
+            "calibration or rank-profile file from `ersd bench calibrate CONFIG --out FILE`)"
+        )
+    return AutoTree(profile=m.group(1))
 
 
 # --- derived tree-attention data, for any parent list in topological order ---------------------

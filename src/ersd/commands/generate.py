@@ -64,6 +64,8 @@ def _stats_block(res: Any, elapsed: float) -> str:
         f"  time split          draft {res.draft_time / wall:.0%}, "
         f"target {res.target_time / wall:.0%}, other {res.other_time / wall:.0%}",
     ]
+    if res.auto_summary:  # --tree auto: what it chose and why
+        lines.append(f"  {res.auto_summary}")
     return "\n".join(lines)
 
 
@@ -81,7 +83,8 @@ def _stats_block(res: Any, elapsed: float) -> str:
     default="multi:2x3",
     show_default=True,
     help="Draft tree: chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE (a calibration "
-    "or rank-profile file), paths:[[0],[1],[0,0]] or (ERSD) dynamic:K[@D].",
+    "or rank-profile file), paths:[[0],[1],[0,0]], (ERSD) dynamic:K[@D], or auto[@FILE] (each "
+    "step the tree, or no drafting, of highest predicted tokens/s; docs/auto-tree.md).",
 )
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=None)
@@ -154,6 +157,7 @@ def generate(
     from ersd.commands._prompts_file import read_prompts, run_prompts_file
     from ersd.drafting.dynamic import parse_dynamic
     from ersd.errors import ErsdError
+    from ersd.tree import parse_auto
 
     if prompts_file is not None:
         if prompt is not None:
@@ -172,8 +176,12 @@ def generate(
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         ersd.get_method(method)
-        # dynamic:K[@D] trees are grown by ersd.generate itself (ersd.drafting.dynamic)
-        shape = tree if parse_dynamic(tree) else ersd.parse_tree(tree, temperature=temperature)
+        # dynamic:K[@D] trees are grown by ersd.generate itself (ersd.drafting.dynamic), auto
+        # trees chosen by it per step (ersd.auto)
+        if parse_dynamic(tree):
+            shape: Any = tree
+        else:
+            shape = parse_auto(tree) or ersd.parse_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         if lines is not None and parse_dynamic(tree):

@@ -8,7 +8,7 @@ is its predicted reach probability (the product of ``a_r`` along its path) and
 :func:`~ersd.drafting.policy.plan_round` adds nodes best-first under a budget of ``K`` drafted
 tokens (and a depth cap), one draft forward per round as for static trees.  The cost-aware
 variant also stops where the predicted tokens per second (a cost model such as
-:class:`ersd.bench.costs.CostModel`) is highest.  Each proposal reports its expected tokens per
+:class:`ersd.costs.CostModel`) is highest.  Each proposal reports its expected tokens per
 target call, ``1 + Σ reach`` (``Proposal.expected_tokens`` → ``StepRecord.expected_tokens``).
 
 Exactness is untouched: the tree is a function of the draft side only, and ERSD emits the

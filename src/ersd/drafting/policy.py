@@ -26,7 +26,7 @@ import numpy as np
 
 
 class StepCosts(Protocol):
-    """Forward-time curves (e.g. :class:`ersd.bench.costs.CostModel`): seconds per forward with
+    """Forward-time curves (e.g. :class:`ersd.costs.CostModel`): seconds per forward with
     ``n`` new tokens, plus per-step overhead seconds."""
 
     overhead: float

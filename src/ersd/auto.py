@@ -1,0 +1,365 @@
+"""``tree="auto"``: each step's draft tree chosen for predicted throughput at the batch size.
+
+Before every step a :class:`TreeChooser` predicts, for each candidate — no drafting (one target
+forward, one token), chains of 1..8 tokens and (ERSD at temperature > 0) the optimal trees of a
+few sizes under the current rank profile — the throughput over the batch of ``B`` live rows
+(:func:`ersd.costs.predict`)::
+
+    rate(tree, B) = B · E[tokens per call | tree, profile] / step_time(tree, B)
+    rate(none, B) = B / (target(B, 1) + overhead_plain · B)
+
+and drafts the best one (ties go to no drafting, then to the earlier candidate).  The two inputs:
+
+* **rank profile** — a calibration or rank-profile file (``auto@FILE``, the file of
+  ``ersd bench calibrate``; the profile nearest the sampling temperature), or an online estimate
+  from the run's own verified steps (:class:`OnlineProfile`): per-depth counts of the target
+  winner's rank in the drafter's race (ERSD at T > 0), or of accepted / rejected chain positions
+  (other methods and T = 0, which then choose among chains only), shrunk towards a prior of
+  :data:`PRIOR_WEIGHT` pseudo-observations of :data:`PRIOR_RANK_PROBS`.
+* **cost curves** — an explicit :class:`~ersd.costs.CostModel` (``AutoTree(costs=...)``), a
+  calibration file's costs, or, by default, a few timed forwards of 1, 2, 4 and 8 tokens per row
+  of the target and the draft model, at batch 1 and at the powers of two around the current
+  batch size (:func:`measured_costs`), measured once per model and batch size in fresh sessions
+  and cached on the model objects.
+
+The choice depends only on the costs and on steps already verified, never on the current step's
+randomness, so every method stays exact and ERSD's text stays the target-only text (it is tree-
+and batch-invariant); other methods' tokens depend on the trees chosen, hence on the batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ersd.costs import DEFAULT_SIZES, CostModel, CostModelError, measure_curve
+from ersd.errors import ErsdError, InvalidTreeSpecError, UnsupportedTreeError
+from ersd.theory import expected_block_efficiency_by_depth
+from ersd.theory.profile import RankProfileError, load_profiles, tree_depth_probs
+from ersd.tree import AutoTree, TreeShape
+
+#: prior per-depth rank profile of the online estimate: P(R = 1), P(R = 2), ... (sub-probability)
+PRIOR_RANK_PROBS = (0.6, 0.1, 0.05, 0.03, 0.02)
+#: weight of the prior, in observations (per depth, and for the pooled profile)
+PRIOR_WEIGHT = 4.0
+#: ranks counted individually by the online estimate (deeper ranks are never drafted by auto)
+MAX_RANK = 8
+#: chain lengths among the candidates
+CHAIN_LENGTHS = range(1, 9)
+#: node counts of the optimal trees among the candidates (ERSD at T > 0)
+TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
+#: at most this many of the context's last tokens prefill the cost-measurement sessions
+MEASURE_PROMPT_TOKENS = 64
+_CACHE_ATTR = "_ersd_cost_curves"
+_FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
+
+
+def _prob(probs: list[Any], depth: int, index: int) -> float:
+    """``P(R = index + 1)`` at 0-based ``depth`` (the last vector is reused deeper down)."""
+    vec = probs[min(depth, len(probs) - 1)]
+    return float(vec[index]) if index < len(vec) else 0.0
+
+
+def expected_tokens(shape: TreeShape, probs: list[Any]) -> float:
+    """:func:`ersd.theory.expected_block_efficiency_by_depth` of ``shape`` without re-validating
+    the (already checked) profile: ``1 + Σ_nodes Π P_R`` along each node's path."""
+    reach: list[float] = []
+    for path, parent in zip(shape.paths, shape.parents, strict=True):
+        r = _prob(probs, len(path) - 1, path[-1]) * (reach[parent] if parent >= 0 else 1.0)
+        reach.append(r)
+    return 1.0 + sum(reach)
+
+
+def tunstall_order(probs: list[Any], k: int) -> list[tuple[int, ...]]:
+    """The paths :func:`ersd.theory.optimal_tree_by_depth` picks for ``k`` nodes, in the order
+    they are picked (same ties), so that its first ``j`` are the optimal ``j``-node tree."""
+    heap: list[tuple[float, int, tuple[int, ...], float]] = [(-_prob(probs, 0, 0), 1, (0,), 1.0)]
+    out: list[tuple[int, ...]] = []
+    while len(out) < k and heap:
+        neg, depth, path, parent_prob = heapq.heappop(heap)
+        out.append(path)
+        heapq.heappush(heap, (neg * _prob(probs, depth, 0), depth + 1, (*path, 0), -neg))
+        sib = path[-1] + 1
+        heapq.heappush(
+            heap,
+            (-parent_prob * _prob(probs, depth - 1, sib), depth, (*path[:-1], sib), parent_prob),
+        )
+    return out
+
+
+class OnlineProfile:
+    """Per-depth rank observations of one generation, shrunk towards a prior.
+
+    ``ranked``: the observations are full ranks (ERSD at T > 0, ``StepRecord.ranks``); otherwise
+    accepted (rank 1) or rejected (rank unknown, > 1) chain positions.  :meth:`depth_probs` gives
+    depth ``d``'s estimate ``(counts_d + W · pooled) / (n_d + W)`` with
+    ``pooled = (Σ counts + W · prior) / (Σ n + W)`` (``W`` = :data:`PRIOR_WEIGHT`), pooled again
+    below the deepest observed depth.
+    """
+
+    def __init__(self, ranked: bool) -> None:
+        self.ranked = ranked
+        prior = np.zeros(MAX_RANK)
+        prior[: len(PRIOR_RANK_PROBS)] = PRIOR_RANK_PROBS
+        if not ranked:
+            prior[1:] = 0.0
+        self.prior = prior
+        self.counts: list[np.ndarray] = []  # counts[d][r - 1], depth d + 1
+        self.trials: list[int] = []  # observations at depth d + 1 (any rank)
+
+    def _add(self, depth: int, rank: int | None) -> None:
+        while len(self.trials) <= depth:
+            self.counts.append(np.zeros(MAX_RANK))
+            self.trials.append(0)
+        self.trials[depth] += 1
+        if rank is not None and 1 <= rank <= MAX_RANK:
+            self.counts[depth][rank - 1] += 1
+
+    def observe_ranks(self, ranks: list[int]) -> None:
+        """Root-down ranks of one step (``StepRecord.ranks``)."""
+        for d, r in enumerate(ranks):
+            self._add(d, int(r))
+
+    def observe_chain(self, accepted: int, depth: int) -> None:
+        """A chain of ``depth`` drafted tokens of which ``accepted`` were accepted."""
+        for d in range(min(accepted + 1, depth)):
+            self._add(d, 1 if d < accepted else None)
+
+    def depth_probs(self) -> list[np.ndarray]:
+        w = PRIOR_WEIGHT
+        total = sum(self.counts, np.zeros(MAX_RANK))
+        pooled = (total + w * self.prior) / (sum(self.trials) + w)
+        return [
+            (c + w * pooled) / (n + w) for c, n in zip(self.counts, self.trials, strict=True)
+        ] + [pooled]
+
+
+@dataclass
+class Choice:
+    """One step's decision: the tree drafted (``"none"``: no drafting) and the predictions."""
+
+    tree: str
+    predicted: float  # tokens/s over the batch of the chosen candidate
+    target_only: float  # tokens/s over the batch without drafting
+    best_tree: str | None  # the best drafting candidate (chosen or not)
+    best_tree_predicted: float | None
+    batch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
+
+
+def _cache(model: Any) -> dict[Any, list[float]]:
+    """The cost-curve cache of ``model``: an attribute where the object allows one."""
+    attrs = getattr(model, "__dict__", None)
+    if isinstance(attrs, dict):
+        cache: dict[Any, list[float]] = attrs.setdefault(_CACHE_ATTR, {})
+        return cache
+    return _FALLBACK_CACHE.setdefault(id(model), {})
+
+
+def _measure_prompt(model: Any, context: list[int]) -> list[int]:
+    keep = MEASURE_PROMPT_TOKENS
+    window = getattr(model, "max_length", None)
+    room = len(DEFAULT_SIZES) * 3 + max(DEFAULT_SIZES) + 2  # committed timings + the largest call
+    if window is not None:
+        keep = min(keep, window - room)
+    return context[-max(keep, 1) :]
+
+
+def model_curve(model: Any, context: list[int], batch: int) -> list[float]:
+    """Forward seconds of ``model`` for :data:`ersd.costs.DEFAULT_SIZES` new tokens in each of
+    ``batch`` rows: measured once (fresh sessions of the context's last tokens), then cached."""
+    cache = _cache(model)
+    key = (batch, DEFAULT_SIZES)
+    if key not in cache:
+        cache[key] = measure_curve(
+            model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
+        )
+    return cache[key]
+
+
+def measured_costs(target: Any, draft: Any, context: list[int], batch: int) -> CostModel:
+    """A :class:`CostModel` measured at batch 1 and the powers of two around ``batch``
+    (``draft=None``: a model-free drafter, no draft cost)."""
+    lo = 1 << math.floor(math.log2(batch))
+    hi = 1 << math.ceil(math.log2(batch))
+    sizes = sorted({1, lo, hi})
+    zero = [0.0] * len(DEFAULT_SIZES)
+    tgt = [model_curve(target, context, b) for b in sizes]
+    drf = [model_curve(draft, context, b) if draft is not None else zero for b in sizes]
+    return CostModel(
+        sizes=list(DEFAULT_SIZES),
+        target=tgt[0],
+        draft=drf[0],
+        meta={"source": "measured by tree='auto'"},
+        batch_sizes=sizes,
+        target_batch=tgt,
+        draft_batch=drf,
+    )
+
+
+def draft_model_of(drafter: Any) -> Any:
+    """The draft language model behind a drafter (a model drafter, a hybrid's model part), or
+    None for a model-free drafter."""
+    from ersd.drafting import ModelDrafter
+    from ersd.models.base import LanguageModel
+
+    model = getattr(drafter, "model", None)
+    if isinstance(model, ModelDrafter):
+        model = model.model
+    return model if isinstance(model, LanguageModel) else None
+
+
+class TreeChooser:
+    """Chooses each step's tree for one sequence (module docstring); built from an
+    :class:`~ersd.tree.AutoTree` by :func:`ersd.generation.make_settings`."""
+
+    def __init__(
+        self,
+        auto: AutoTree,
+        target: Any,
+        drafter: Any,
+        method: Any,
+        rule: Any,
+        temperature: float | None,
+    ) -> None:
+        from ersd.methods.ersd import ERSD
+
+        self.auto = auto
+        self.method = method
+        self.target = target
+        self.draft_model = draft_model_of(drafter)
+        self.ranked = isinstance(rule, ERSD)
+        costs = auto.costs
+        self.fixed_probs: list[Any] | None = None
+        if auto.profile is not None:
+            source = auto.profile
+            try:
+                if isinstance(source, str):
+                    f = load_profiles(source)
+                    source = f.profiles
+                    if costs is None:
+                        costs = f.data.get("costs")
+                self.fixed_probs = tree_depth_probs(source, temperature)
+                expected_block_efficiency_by_depth([(0,)], self.fixed_probs)  # checks the vectors
+            except RankProfileError as exc:
+                raise InvalidTreeSpecError(f"tree {auto.spec!r}: {exc}") from None
+            except (ErsdError, TypeError, ValueError) as exc:
+                raise InvalidTreeSpecError(
+                    f"tree {auto.spec!r}: the rank profile must be a profile or calibration file, "
+                    f"a RankProfile or per-depth rank-probability vectors ({exc})"
+                ) from None
+        try:
+            self.costs = CostModel.from_dict(costs) if costs is not None else None
+        except CostModelError as exc:
+            raise InvalidTreeSpecError(f"tree {auto.spec!r}: cost model: {exc}") from None
+        self.online = OnlineProfile(self.ranked) if self.fixed_probs is None else None
+        self.chains: dict[str, TreeShape] = {}
+        for k in CHAIN_LENGTHS:
+            chain = TreeShape.chain(k)
+            if k <= auto.max_nodes and self._supported(chain):
+                self.chains[f"chain:{k}"] = chain
+        self.last: Choice | None = None
+        self._measured: dict[int, CostModel] = {}  # measured costs per batch size
+        self._steps: dict[tuple[Any, int], float] = {}  # step time per (tree, batch size)
+        self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
+        self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
+
+    def _supported(self, shape: TreeShape) -> bool:
+        try:
+            self.method.check_shape(shape)
+        except UnsupportedTreeError:
+            return False
+        return True
+
+    def depth_probs(self) -> list[Any]:
+        if self.fixed_probs is not None:
+            return self.fixed_probs
+        assert self.online is not None
+        return self.online.depth_probs()
+
+    def candidates(self, probs: list[Any]) -> dict[str, TreeShape]:
+        """Chains, and (ERSD at T > 0) optimal trees of :data:`TREE_SIZES` nodes under
+        ``probs`` (a tree equal to an earlier candidate is left out)."""
+        out = dict(self.chains)
+        sizes = [k for k in TREE_SIZES if k <= self.auto.max_nodes]
+        if self.ranked and sizes:
+            seen = {s.paths for s in out.values()}
+            order = tunstall_order(probs, sizes[-1])
+            for k in sizes:
+                shape = TreeShape(tuple(sorted(order[:k], key=lambda t: (len(t), t))))
+                if shape.paths not in seen and self._supported(shape):
+                    seen.add(shape.paths)
+                    out[f"optimal:{k}"] = shape
+        return out
+
+    def costs_at(self, context: list[int], batch: int) -> CostModel:
+        if self.costs is not None:
+            return self.costs
+        if batch not in self._measured:
+            self._measured[batch] = measured_costs(self.target, self.draft_model, context, batch)
+        return self._measured[batch]
+
+    def _step_time(self, costs: CostModel, shape: TreeShape, batch: int) -> float:
+        key = (shape.paths, batch)  # the costs at one batch size never change
+        if key not in self._steps:
+            self._steps[key] = costs.step_time(shape, batch)
+        return self._steps[key]
+
+    def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
+        """This step's tree (None: no drafting) for a row with committed ``context`` among
+        ``batch`` live rows; the decision is kept in :attr:`last`."""
+        if self._decided is not None and self._decided[0] == (batch, self._learned):
+            return self._decided[1]  # nothing learned since the same decision at this batch
+        costs = self.costs_at(context, batch)
+        probs = self.depth_probs()
+        plain = costs.target_only_rate(batch)
+        best_spec, best_shape, best_rate = None, None, -math.inf
+        for spec, shape in self.candidates(probs).items():
+            rate = batch * expected_tokens(shape, probs) / self._step_time(costs, shape, batch)
+            if rate > best_rate:
+                best_spec, best_shape, best_rate = spec, shape, rate
+        drafts = best_shape is not None and best_rate > plain
+        self.last = Choice(
+            tree=best_spec if drafts and best_spec else "none",
+            predicted=best_rate if drafts else plain,
+            target_only=plain,
+            best_tree=best_spec,
+            best_tree_predicted=best_rate if best_spec else None,
+            batch=batch,
+        )
+        chosen = best_shape if drafts else None
+        self._decided = ((batch, self._learned), chosen)
+        return chosen
+
+    def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
+        """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns
+        the step's decision as a dict (for :attr:`ersd.StepRecord.choice`)."""
+        if self.online is not None and depth > 0:
+            self._learned += 1
+            if self.ranked:
+                self.online.observe_ranks(ranks)
+            else:
+                self.online.observe_chain(accepted, depth)
+        return self.last.to_dict() if self.last is not None else None
+
+
+__all__ = [
+    "CHAIN_LENGTHS",
+    "PRIOR_RANK_PROBS",
+    "PRIOR_WEIGHT",
+    "TREE_SIZES",
+    "Choice",
+    "OnlineProfile",
+    "TreeChooser",
+    "draft_model_of",
+    "expected_tokens",
+    "measured_costs",
+    "model_curve",
+    "tunstall_order",
+]

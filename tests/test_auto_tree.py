@@ -1,0 +1,387 @@
+"""tree="auto": the cost model with batch size, the per-step choice, exactness and invariance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+import ersd
+from ersd.auto import OnlineProfile, TreeChooser
+from ersd.batch import derive_seed
+from ersd.cli import main
+from ersd.costs import CostModel, CostModelError, measure_costs, predict
+from ersd.methods import get_method
+from ersd.theory import RankProfile
+from ersd.theory.profile import CALIBRATION_FORMAT
+from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
+from tests.toy import mixed_draft, table_model
+
+V = 30
+SIZES = [1, 2, 4, 8]
+PROFILE = [[0.8, 0.1, 0.05]]
+#: a flat target curve and a cheap draft: speculation pays, big trees win
+FLAT = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.001] * 4)
+#: the curve measured for llama.cpp on 2 cores (issue 15): 1.5B target, 0.5B draft, seconds
+STEEP = CostModel(
+    sizes=SIZES, target=[0.063, 0.110, 0.214, 0.472], draft=[0.030, 0.053, 0.082, 0.155]
+)
+#: linear in the tokens of one forward (no batch curves: B rows of s tokens = B·s tokens)
+LINEAR = CostModel(sizes=SIZES, target=[0.05 + 0.005 * s for s in SIZES], draft=[0.001] * 4)
+
+
+def chooser(auto: AutoTree, method: str = "ersd") -> TreeChooser:
+    m = get_method(method)
+    return TreeChooser(auto, None, None, m, m, 1.0)
+
+
+def nodes(shape: TreeShape | None) -> int:
+    return 0 if shape is None else shape.num_nodes
+
+
+@pytest.fixture
+def pair() -> tuple[ersd.FunctionModel, ersd.FunctionModel]:
+    target = table_model(V, seed=0)
+    return target, mixed_draft(target, table_model(V, seed=1), 0.3)
+
+
+# --- the cost model ---------------------------------------------------------------------------
+
+
+def test_batch_cost_model_interpolates_rows_and_stacks_without_batch_curves() -> None:
+    # without batch curves: B rows of s tokens cost one forward of B·s tokens
+    assert LINEAR.target_cost(3, batch=4) == pytest.approx(LINEAR.target_cost(12))
+    costs = CostModel(
+        sizes=[1, 4],
+        target=[1.0, 2.0],
+        draft=[0.1, 0.2],
+        batch_sizes=[1, 4],
+        target_batch=[[1.0, 2.0], [3.0, 9.0]],
+        draft_batch=[[0.1, 0.2], [0.3, 0.6]],
+        overhead=0.01,
+    )
+    # bilinear: size 2 is a third of the way at each batch size, batch 2 a third between them
+    at1, at4 = 1.0 + (2.0 - 1.0) / 3, 3.0 + (9.0 - 3.0) / 3
+    assert costs.target_cost(2, batch=2) == pytest.approx(at1 + (at4 - at1) / 3)
+    shape = TreeShape.chain(3)  # target(4) + draft(1) + 2 levels of one node + overhead per row
+    assert costs.step_time(shape, batch=4) == pytest.approx(9.0 + 3 * 0.3 + 4 * 0.01)
+    pred = predict(shape, PROFILE, costs, batch=4)
+    assert pred.tokens_per_second == pytest.approx(4 * pred.block_efficiency / pred.step_time)
+    assert costs.target_only_rate(4) == pytest.approx(4 / 3.0)
+    assert CostModel.from_dict(costs.to_dict()) == costs
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"sizes": [1, 2], "target": [0.1], "draft": [0.1, 0.1]},
+        {"sizes": [2, 1], "target": [0.1, 0.1], "draft": [0.1, 0.1]},
+        {"sizes": [1], "target": [-1.0], "draft": [0.1]},
+        {"sizes": [1], "target": [0.1], "draft": [0.1], "batch_sizes": [1, 2]},
+        {"sizes": [1], "target": [0.1], "draft": [0.1], "speed": 3},
+        {"target": [0.1], "draft": [0.1]},
+    ],
+)
+def test_bad_cost_models_are_refused(bad: dict) -> None:
+    with pytest.raises(CostModelError):
+        CostModel.from_dict(bad)
+
+
+def test_measure_costs_batched_and_serial_fallback() -> None:
+    model = table_model(V, seed=0)
+
+    class Serial:  # the same model without score_batch: rows are scored one call each
+        vocab_size, max_length = V, None
+
+        def start(self, prompt):
+            return model.start(prompt)
+
+    costs = measure_costs(model, None, [1, 2, 3], SIZES, repeats=1, batch_sizes=[1, 3])
+    assert costs.batch_sizes == [1, 3] and len(costs.target_batch[1]) == 4
+    assert costs.draft_batch == [[0.0] * 4, [0.0] * 4]
+    before = model.forward_calls
+    measure_costs(model, None, [1, 2, 3], [2], repeats=1, batch_sizes=[3])
+    batched = model.forward_calls - before
+    before = model.forward_calls
+    measure_costs(Serial(), None, [1, 2, 3], [2], repeats=1, batch_sizes=[3])
+    serial = model.forward_calls - before
+    # FunctionModel calls fn once per forward: 1 + 2 (batch 1) + 1 + 2 (batch 3, shared)
+    assert batched == 6 and serial == 3 + 3 * 3
+
+
+def test_bench_reexports_the_library_cost_model_and_library_never_imports_bench() -> None:
+    import ersd.bench.costs as bench_costs
+    import ersd.costs as lib_costs
+
+    assert bench_costs.CostModel is lib_costs.CostModel
+    assert bench_costs.choose_trees is lib_costs.choose_trees
+    code = (
+        "import sys, ersd, ersd.generation, ersd.batch, ersd.auto, ersd.drafting.dynamic;"
+        "print(any(m.startswith('ersd.bench') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- the choice -------------------------------------------------------------------------------
+
+
+def test_flat_curve_picks_a_big_tree_and_steep_curve_no_drafting() -> None:
+    flat = chooser(AutoTree(profile=PROFILE, costs=FLAT))
+    shape = flat.choose([1, 2], batch=1)
+    assert nodes(shape) >= 8 and flat.last is not None and flat.last.tree != "none"
+    assert flat.last.predicted > flat.last.target_only
+    steep = chooser(AutoTree(profile=PROFILE, costs=STEEP))
+    assert steep.choose([1, 2], batch=1) is None
+    last = steep.last
+    assert last is not None and last.tree == "none" and last.best_tree is not None
+    assert last.target_only == pytest.approx(1 / 0.063)
+    assert last.best_tree_predicted < last.target_only
+
+
+def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
+    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
+    sizes = [nodes(c.choose([1], batch=b)) for b in (1, 2, 4, 8, 16, 64)]
+    assert sizes == sorted(sizes, reverse=True), sizes
+    assert sizes[0] > sizes[-1]
+    # the choice is the best candidate at every batch size
+    for b in (1, 8):
+        c.choose([1], batch=b)
+        assert c.last is not None
+        rates = [predict(s, PROFILE, LINEAR, batch=b) for s in c.candidates(PROFILE).values()]
+        assert c.last.predicted == pytest.approx(
+            max([c.last.target_only] + [p.tokens_per_second for p in rates])
+        )
+
+
+def test_fast_paths_equal_the_theory_library() -> None:
+    from ersd.auto import expected_tokens, tunstall_order
+    from ersd.theory import expected_block_efficiency_by_depth, optimal_tree_by_depth
+
+    probs = [[0.5, 0.2, 0.1], [0.7, 0.1], [0.3, 0.3, 0.3]]  # per depth, ties included
+    order = tunstall_order(probs, 16)
+    for k in range(1, 17):
+        paths = sorted(order[:k], key=lambda t: (len(t), t))
+        assert paths == optimal_tree_by_depth(probs, k)
+        shape = TreeShape.from_paths(paths)
+        assert expected_tokens(shape, probs) == pytest.approx(
+            expected_block_efficiency_by_depth(shape.paths, probs)
+        )
+
+
+def test_online_profile_learns_from_ranks_and_chain_outcomes() -> None:
+    ranked = OnlineProfile(ranked=True)
+    prior = ranked.depth_probs()[0]
+    for _ in range(200):
+        ranked.observe_ranks([1, 1, 2])
+    probs = ranked.depth_probs()
+    assert probs[0][0] > prior[0] and probs[0][0] > 0.95
+    assert probs[2][1] > 0.9  # depth 3: rank 2 every time
+    chain = OnlineProfile(ranked=False)
+    for _ in range(100):
+        chain.observe_chain(accepted=1, depth=3)  # depth 1 accepted, depth 2 rejected
+    p = chain.depth_probs()
+    assert p[0][0] > 0.95 and p[1][0] < 0.1 and p[0][1:].sum() == 0
+    assert len(p) == 3  # depth 3 was never reached: the pooled estimate (last entry) applies
+
+
+def test_non_ersd_methods_choose_among_chains_only() -> None:
+    c = chooser(AutoTree(profile=PROFILE, costs=FLAT), method="specinfer")
+    assert all(s.is_chain for s in c.candidates(PROFILE).values())
+
+
+# --- generation ---------------------------------------------------------------------------------
+
+
+def test_steep_curve_generates_without_drafting_and_says_so(pair) -> None:
+    target, draft = pair
+    res = ersd.generate(
+        target, draft, [1, 2], max_new_tokens=12, seed=4, tree=AutoTree(costs=STEEP)
+    )
+    assert res.target_calls == len(res.tokens) == 12 and res.num_draft_tokens == 0
+    assert res.auto_choices == {"none": 12} and res.tree == "auto"
+    assert res.auto_summary is not None and res.auto_summary.startswith("auto chose: none in 12/12")
+    assert "target-only vs" in res.auto_summary and "auto chose" in res.summary()
+    assert res.stats()["auto_choices"] == {"none": 12}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_ersd_auto_gives_the_target_only_tokens(pair, temperature: float) -> None:
+    target, draft = pair
+    kw = dict(max_new_tokens=40, seed=7, temperature=temperature, eos_token_id=3)
+    plain = ersd.generate(target, None, [4, 5], **kw)
+    fixed = ersd.generate(target, draft, [4, 5], tree="multi:2x3", **kw)
+    auto = ersd.generate(target, draft, [4, 5], tree=AutoTree(costs=FLAT), **kw)
+    assert auto.tokens == plain.tokens == fixed.tokens
+    assert auto.num_draft_tokens > 0 and "none" not in auto.auto_choices
+    assert auto.target_calls < plain.target_calls
+    # measured costs (the default): the measurement forwards stay out of the sequences
+    measured = ersd.generate(target, draft, [4, 5], tree="auto", **kw)
+    assert measured.tokens == plain.tokens and len(measured.auto_choices) >= 1
+    assert (1, (1, 2, 4, 8)) in target.__dict__["_ersd_cost_curves"]
+
+
+def test_online_profile_grows_the_trees_for_a_perfect_draft(pair) -> None:
+    target, _ = pair
+    perfect = mixed_draft(target, table_model(V, seed=1), 0.0)  # the target itself
+    kw = dict(max_new_tokens=120, seed=2, temperature=1.0)
+    res = ersd.generate(target, perfect, [1], tree=AutoTree(costs=LINEAR), **kw)
+    assert res.tokens == ersd.generate(target, None, [1], **kw).tokens
+
+    def size(choice: dict) -> int:
+        return 0 if choice["tree"] == "none" else int(choice["tree"].split(":")[1])
+
+    first, last = res.steps[0].choice, res.steps[-2].choice
+    assert first is not None and last is not None and first["batch"] == 1
+    # the prior decides the first step; every rank observed is 1, so the trees grow
+    assert size(last) > size(first), (first, last)
+
+
+def test_generate_batch_auto_is_batch_invariant(pair) -> None:
+    target, draft = pair
+    prompts = [[1, 2], [3], [4, 5, 6, 7], [1, 2], [9, 8, 7]]
+    auto = AutoTree(costs=LINEAR)
+    batch = ersd.generate_batch(
+        target, draft, prompts, seeds=5, max_new_tokens=20, tree=auto, eos_token_id=5
+    )
+    for i, (prompt, res) in enumerate(zip(prompts, batch, strict=True)):
+        solo = ersd.generate(
+            target,
+            draft,
+            prompt,
+            seed=derive_seed(5, i),
+            max_new_tokens=20,
+            tree=auto,
+            eos_token_id=5,
+        )
+        plain = ersd.generate(
+            target, None, prompt, seed=derive_seed(5, i), max_new_tokens=20, eos_token_id=5
+        )
+        assert res.tokens == solo.tokens == plain.tokens, f"prompt {i}"
+        assert res.tree == "auto"
+    assert batch[0].steps[0].choice["batch"] == len(prompts)
+    # the same costs at the same batch give the same choices: rerunning the batch repeats them
+    again = ersd.generate_batch(
+        target, draft, prompts, seeds=5, max_new_tokens=20, tree=auto, eos_token_id=5
+    )
+    assert [r.auto_choices for r in again] == [r.auto_choices for r in batch]
+
+
+def test_calibration_file_gives_profile_and_costs(tmp_path, pair) -> None:
+    target, draft = pair
+    prof = RankProfile.from_ranks([1] * 80 + [2] * 10 + [3] * 10, vocab_size=V)
+    path = tmp_path / "calib.json"
+    data = {
+        "format": CALIBRATION_FORMAT,
+        "version": 1,
+        "profiles": {"1.0": prof.to_dict()},
+        "costs": STEEP.to_dict(),
+    }
+    path.write_text(json.dumps(data))
+    res = ersd.generate(target, draft, [1], max_new_tokens=6, tree=f"auto@{path}")
+    assert res.auto_choices == {"none": 6} and res.tree == f"auto@{path}"
+    c = chooser(parse_auto(f"auto@{path}"))
+    assert c.online is None and c.costs == STEEP
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def test_auto_grammar_and_bad_input(tmp_path, pair) -> None:
+    target, draft = pair
+    assert parse_auto("auto") == AutoTree() and parse_auto(" AUTO @ x.json ").profile == "x.json"
+    assert parse_auto("chain:4") is None
+    with pytest.raises(ersd.InvalidTreeSpecError, match="not one fixed shape"):
+        parse_tree("auto")
+    with pytest.raises(ersd.InvalidTreeSpecError, match="auto@FILE"):
+        parse_auto("auto:3")
+    with pytest.raises(ersd.InvalidTreeSpecError, match="max_nodes"):
+        AutoTree(max_nodes=0)
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ersd.ErsdError, match="does not exist"):
+        ersd.generate(target, draft, [1], max_new_tokens=4, tree=f"auto@{missing}")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ersd.ErsdError, match="not valid JSON"):
+        ersd.generate_batch(target, draft, [[1], [2]], max_new_tokens=4, tree=f"auto@{bad}")
+    with pytest.raises(ersd.InvalidTreeSpecError, match="rank profile"):
+        ersd.generate(target, draft, [1], max_new_tokens=4, tree=AutoTree(profile=[[1.5, 0.2]]))
+    with pytest.raises(ersd.InvalidTreeSpecError, match="not one fixed shape"):
+        parse_tree(AutoTree())
+    with pytest.raises(ersd.ErsdError, match="cost model"):
+        ersd.generate(target, draft, [1], max_new_tokens=4, tree=AutoTree(costs={"sizes": [1]}))
+
+
+def test_cli_tree_auto_on_toy_models() -> None:
+    args = ["generate", "--target", "toy", "--draft", "toy-draft", "--tree", "auto"]
+    args += ["--max-new-tokens", "16", "--seed", "1", "--compare", "--json", "ab"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["tree"] == "auto" and out["identical_to_target_only"] is True
+    assert sum(out["auto_choices"].values()) == out["target_calls"]
+    assert out["auto_summary"].startswith("auto chose:")
+    res = CliRunner().invoke(main, [*args[:-2], "ab"])  # the human-readable statistics
+    assert res.exit_code == 0, res.output
+    assert "auto chose:" in res.stdout
+
+
+# --- exactness: the choice adapts to each row's history, the law stays the target's ----------
+
+#: chain:1 pays over no drafting iff P(accept) > 0.55: the prior (0.6) drafts, one rejection
+#: (estimate 0.48) stops drafting, so the trees depend on each row's own past
+#: (per row at any batch size: B rows cost B times one row, so the batch does not matter here)
+_ROW = [0.1, 0.155, 0.30, 0.6]
+ADAPTIVE = CostModel(
+    sizes=SIZES,
+    target=_ROW,
+    draft=[0.0] * 4,
+    batch_sizes=[1, 64],
+    target_batch=[_ROW, [64 * t for t in _ROW]],
+    draft_batch=[[0.0] * 4, [0.0] * 4],
+)
+
+
+def auto_law_test(method, setting: str, draft: str):
+    from tests.exactness_util import config_seed, exact_law, gof_test
+    from tests.test_exactness import DRAFTS, LENGTH, PROMPT, SETTINGS, TARGET, N
+
+    kw = SETTINGS[setting]
+    law = exact_law(TARGET, PROMPT, LENGTH, kw)
+    base = config_seed("auto", getattr(method, "name", method), setting, draft)
+    results = ersd.generate_batch(
+        TARGET.model(),
+        DRAFTS[draft].model(),
+        [PROMPT] * N,
+        seeds=list(range(base, base + N)),
+        max_new_tokens=LENGTH,
+        method=method,
+        tree=AutoTree(costs=ADAPTIVE, max_nodes=4),
+        max_batch_size=64,
+        **kw,
+    )
+    histories = {tuple(s.choice["tree"] for s in r.steps) for r in results}
+    return gof_test(Counter(tuple(r.tokens) for r in results), law), histories
+
+
+@pytest.mark.parametrize(
+    ("method", "setting", "draft"), [("sd", "T1.0", "mild"), ("ersd", "T0.6", "bad")]
+)
+def test_auto_keeps_the_target_law(method: str, setting: str, draft: str) -> None:
+    from tests.exactness_util import ALPHA
+
+    res, histories = auto_law_test(method, setting, draft)
+    assert len(histories) >= 2, histories  # the trees really adapt to the rows' histories
+    assert res.pvalue >= ALPHA, f"{method} auto {setting} {draft}: {res}"
+
+
+def test_auto_mutant_is_rejected() -> None:
+    from tests.exactness_util import ALPHA
+    from tests.test_exactness import SDNoResidual
+
+    res, _ = auto_law_test(SDNoResidual(), "T1.0", "mild")
+    assert res.pvalue < ALPHA, f"mutant not rejected through tree='auto': {res}"

@@ -322,3 +322,13 @@ def test_models_health_and_metrics(server: str, client: openai.OpenAI) -> None:
         _metric(server, name)  # present and parseable
     assert _metric(server, "vllm:generation_tokens_total") > 0
     assert _metric(server, "vllm:spec_decode_num_draft_tokens_total") > 0
+
+
+def test_tree_auto_request_gives_the_same_text(client: openai.OpenAI) -> None:
+    """``tree="auto"`` (chosen per step by predicted throughput at the live batch size) is a
+    request option; ERSD's text does not depend on the tree, so it equals the default tree's."""
+    settings = dict(prompt=PROMPT, seed=11, max_tokens=8, temperature=1.0)
+    fixed = client.completions.create(model=MODEL, **settings)
+    auto = client.completions.create(model=MODEL, extra_body={"tree": "auto"}, **settings)
+    assert auto.choices[0].text == fixed.choices[0].text
+    assert auto.model_extra["ersd"]["tree"] == "auto"

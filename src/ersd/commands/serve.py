@@ -24,7 +24,10 @@ from ersd.commands._loading import ModelArgs, load_pair, model_options
     "--tree",
     default="multi:2x3",
     show_default=True,
-    help="Default draft tree (chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE).",
+    help=(
+        "Default draft tree (chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE, or auto / "
+        "auto@FILE: chosen per step by predicted throughput at the live batch size)."
+    ),
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True)
@@ -93,8 +96,10 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         ersd.get_method(method)
-        shape = ersd.parse_tree(tree) if models.has_draft else None
-        if shape is not None:
+        from ersd.tree import TreeShape, parse_auto
+
+        shape = (parse_auto(tree) or ersd.parse_tree(tree)) if models.has_draft else None
+        if isinstance(shape, TreeShape):
             ersd.get_method(method).check_shape(shape)
         pair = load_pair(models)
     except ErsdError as exc:

@@ -17,7 +17,7 @@ from ersd.errors import ErsdError
 from ersd.methods import get_method
 from ersd.probs import SamplingParams
 from ersd.serve import protocol as P
-from ersd.tree import TreeShape, parse_tree
+from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
 COMPLETIONS_MAX_TOKENS = 16
@@ -47,7 +47,7 @@ class ServeConfig:
 
     model_name: str
     method: str = "ersd"
-    tree: str | TreeShape | None = "multi:2x3"  # None: target-only unless a request asks
+    tree: str | TreeShape | AutoTree | None = "multi:2x3"  # None: target-only unless a request asks
     max_batch_size: int = 8
     max_queue: int = 64
     max_tokens: int = 256  # chat's default max_tokens (capped by the context window)
@@ -63,7 +63,7 @@ class Plan:
     seeds: list[int]
     max_tokens: int
     method: str
-    shape: TreeShape | None  # None: target-only
+    shape: TreeShape | AutoTree | None  # None: target-only; AutoTree: tree="auto"
     sampling: SamplingParams
     eos: list[int]
     stops: list[str] = field(default_factory=list)
@@ -139,7 +139,7 @@ def plan_request(
     except ErsdError as exc:
         raise _bad("method", str(exc)) from None
     shape = _tree(body.tree, draft, config)
-    if shape is not None:
+    if isinstance(shape, TreeShape):
         try:
             meth.check_shape(shape)
         except ErsdError as exc:
@@ -185,8 +185,9 @@ def plan_request(
     )
 
 
-def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | None:
-    """The request's tree: its ``tree`` field, else the server's; ``"none"``: target-only."""
+def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | AutoTree | None:
+    """The request's tree: its ``tree`` field, else the server's; ``"none"``: target-only;
+    ``"auto"``: chosen per step by predicted throughput at the live batch size."""
     if spec is not None and spec.strip().lower() == "none":
         return None
     if draft is None:
@@ -198,7 +199,9 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | None
             )
         return None
     if spec is None:
-        return parse_tree(config.tree) if config.tree is not None else None
+        if config.tree is None or isinstance(config.tree, TreeShape | AutoTree):
+            return config.tree
+        return parse_auto(config.tree) or parse_tree(config.tree)
     if "@" in spec:
         raise _bad(
             "tree",
@@ -206,6 +209,6 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | None
             "--tree optimal:K@FILE instead",
         )
     try:
-        return parse_tree(spec)
+        return parse_auto(spec) or parse_tree(spec)
     except ErsdError as exc:
         raise _bad("tree", f"{exc} (or 'none' for target-only decoding)") from None

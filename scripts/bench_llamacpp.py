@@ -135,6 +135,9 @@ def main() -> None:
 
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    # llama-cpp-python's own default is cpu_count // 2 threads: give its baseline the same threads
+    # as ersd's sessions, or the comparison measures thread counts, not decoding loops
+    threads = target.threads
     path_t = str(resolve_gguf(args.target))
     llm = lib.Llama(path_t, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
     lookups = {

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ersd.drafting.dynamic import DynamicSpec, check_budget
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
 from ersd.drafting.policy import OpenContext, plan_round
 from ersd.errors import GenerationInputError, UnsupportedTreeError
@@ -136,9 +137,7 @@ class ConfidenceDrafter:
         max_depth: int | None = None,
     ) -> None:
         self.model = model.model if isinstance(model, ModelDrafter) else model
-        for name, v in (("budget", budget), ("max_depth", max_depth)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+        check_budget(budget, max_depth)
         self.budget = budget
         self.max_depth = max_depth
         #: seconds spent choosing nodes (values and planner, not the draws or forwards)
@@ -154,7 +153,7 @@ class ConfidenceDrafter:
 
     @property
     def spec(self) -> str:
-        return f"dynamic:{self.budget}" + (f"@{self.max_depth}" if self.max_depth else "")
+        return DynamicSpec(self.budget, self.max_depth).spec
 
     def configured(self, budget: int, max_depth: int | None) -> ConfidenceDrafter:
         """A drafter of the same kind and model with another budget and depth cap."""

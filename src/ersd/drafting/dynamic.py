@@ -64,6 +64,13 @@ class DynamicSpec:
         return f"{kind}:{self.budget}{cap}"
 
 
+def check_budget(budget: Any, max_depth: Any) -> None:
+    """A dynamic drafter's budget and depth cap (None: the budget) must be integers >= 1."""
+    for name, v in (("budget", budget), ("max_depth", max_depth)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+
+
 def parse_dynamic(spec: Any) -> DynamicSpec | None:
     """The :class:`DynamicSpec` of a ``dynamic[-cost]:K[@D]`` string; None for other specs."""
     if not isinstance(spec, str) or not spec.strip().lower().startswith("dynamic"):
@@ -244,9 +251,7 @@ class DynamicDrafter:
         keep_events: bool = False,
     ) -> None:
         self.model = model.model if isinstance(model, ModelDrafter) else model
-        for name, v in (("budget", budget), ("max_depth", max_depth)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+        check_budget(budget, max_depth)
         if cost_aware and costs is None:
             raise GenerationInputError(
                 "a cost-aware dynamic tree needs forward-time curves: pass costs= (e.g. the "

@@ -29,7 +29,7 @@ from typing import Any
 import ersd
 from ersd.bench.baselines import hf_generate
 from ersd.bench.models import ModelPair
-from ersd.bench.planning import Entry, batch_plan, prompt_groups
+from ersd.bench.planning import Entry, batch_plan, entry_fields, prompt_groups
 from ersd.bench.prompts import Prompt
 
 
@@ -210,12 +210,7 @@ def run_batches(
                             "temperature": temp,
                             "seed": seed,
                             "max_new_tokens": max_new_tokens,
-                            "tree": e.tree,
-                            "k": e.k,
-                            "num_nodes": e.shape.num_nodes if e.shape else None,
-                            "depth": e.shape.depth if e.shape else None,
-                            "choice": e.choice,
-                            "aliases": e.aliases,
+                            **entry_fields(e),
                             "order": order,
                             "timestamp": time.time(),
                             **fields,

@@ -172,3 +172,15 @@ def entry_meta(e: Entry) -> dict[str, Any]:
         "prediction": e.prediction,
         "drafter": e.drafter,
     }
+
+
+def entry_fields(e: Entry) -> dict[str, Any]:
+    """The record fields that describe a plan entry's configuration (tree, size, variant)."""
+    return {
+        "tree": e.tree,
+        "k": e.k,
+        "num_nodes": e.shape.num_nodes if e.shape else None,
+        "depth": e.shape.depth if e.shape else None,
+        "choice": e.choice,
+        "aliases": e.aliases,
+    }

@@ -36,6 +36,7 @@ from ersd.bench.drafters import drafter_fields, hf_prompt_lookup, make_drafter
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.planning import (
     Entry,
+    entry_fields,
     entry_meta,
     estimate_seconds,
     is_batched,
@@ -400,12 +401,7 @@ def _record(
         "temperature": temp,
         "seed": seed,
         "max_new_tokens": max_new_tokens,
-        "tree": e.tree,
-        "k": e.k,
-        "num_nodes": e.shape.num_nodes if e.shape else None,
-        "depth": e.shape.depth if e.shape else None,
-        "choice": e.choice,
-        "aliases": e.aliases,
+        **entry_fields(e),
         "drafter": e.drafter,
         "order": order,
         "timestamp": time.time(),

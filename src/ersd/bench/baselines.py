@@ -99,6 +99,26 @@ class _ForwardTimer:
             h.remove()
 
 
+def timed_generate(
+    tm: Any, seed: int, timers: Sequence[_ForwardTimer], **kwargs: Any
+) -> tuple[Any, float, list[str]]:
+    """``tm.generate(**kwargs)`` under torch seed ``seed`` (the global RNG restored afterwards):
+    its output, wall seconds and the distinct warnings it raised; ``timers`` are removed after."""
+    try:
+        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("always")
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = tm.generate(**kwargs)
+            wall = time.perf_counter() - t0
+            caught = sorted({str(w.message)[:200] for w in wlist})
+    finally:
+        for timer in timers:
+            timer.remove()
+    return out, wall, caught
+
+
 def hf_assisted(
     target: Any,
     draft: Any,
@@ -140,24 +160,17 @@ def hf_assisted(
     )
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
     t_timer, d_timer = _ForwardTimer(tm), _ForwardTimer(dm)
-    caught: list[str] = []
     try:
-        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("always")
-            torch.manual_seed(seed)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = tm.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    assistant_model=dm,
-                    generation_config=gen_cfg,
-                )
-            wall = time.perf_counter() - t0
-            caught = sorted({str(w.message)[:200] for w in wlist})
+        out, wall, caught = timed_generate(
+            tm,
+            seed,
+            [t_timer, d_timer],
+            inputs=ids,
+            attention_mask=torch.ones_like(ids),
+            assistant_model=dm,
+            generation_config=gen_cfg,
+        )
     finally:
-        t_timer.remove()
-        d_timer.remove()
         dm.generation_config = saved
     tokens = [int(t) for t in out[0, ids.shape[1] :]]
     calls = t_timer.calls
@@ -225,18 +238,9 @@ def hf_generate(
         device=ids.device,
     )
     timer = _ForwardTimer(tm)
-    caught: list[str] = []
-    try:
-        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("always")
-            torch.manual_seed(seed)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = tm.generate(ids, attention_mask=mask, generation_config=gen_cfg)
-            wall = time.perf_counter() - t0
-            caught = sorted({str(w.message)[:200] for w in wlist})
-    finally:
-        timer.remove()
+    out, wall, caught = timed_generate(
+        tm, seed, [timer], inputs=ids, attention_mask=mask, generation_config=gen_cfg
+    )
     rows: list[list[int]] = []
     finish: list[str] = []
     for row in out[:, width:].tolist():

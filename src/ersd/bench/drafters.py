@@ -13,15 +13,13 @@ prompt-lookup baseline, per-source statistics in the records, and a user's own p
 from __future__ import annotations
 
 import json
-import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ersd.bench.baselines import _ForwardTimer, neutral_generation_config
+from ersd.bench.baselines import _ForwardTimer, neutral_generation_config, timed_generate
 from ersd.bench.config import BenchConfigError
 from ersd.drafting import Drafter, DrafterConfigError, parse_drafter
 
@@ -145,20 +143,14 @@ def hf_prompt_lookup(
     )
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
     timer = _ForwardTimer(tm)
-    caught: list[str] = []
-    try:
-        with warnings.catch_warnings(record=True) as wlist, torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("always")
-            torch.manual_seed(seed)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = tm.generate(
-                    ids, attention_mask=torch.ones_like(ids), generation_config=gen_cfg
-                )
-            wall = time.perf_counter() - t0
-            caught = sorted({str(w.message)[:200] for w in wlist})
-    finally:
-        timer.remove()
+    out, wall, caught = timed_generate(
+        tm,
+        seed,
+        [timer],
+        inputs=ids,
+        attention_mask=torch.ones_like(ids),
+        generation_config=gen_cfg,
+    )
     tokens = [int(t) for t in out[0, ids.shape[1] :]]
     calls = timer.calls
     return {

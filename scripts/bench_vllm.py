@@ -12,7 +12,8 @@ fresh engine (float32, eager, in its own engine process); the time is the wall t
 * vllm-target: vLLM, no drafter, ordinary sampling (T=0 and T=1)
 * vllm-ersd-{none,ngram,draft}: ERSD requests (ersd_temperature=T) with each drafter
 * vllm-spec-draft: vLLM's own speculative decoding with the draft model (T=0, and T=1)
-* ersd-generate-{target,draft}: this package's own loop on the same prompts (one at a time)
+* ersd-generate-{target,draft}: this package's own loop on the same prompts (``ersd.generate`` at
+  batch 1, ``ersd.generate_batch`` above)
 
 plus the cost of the race noise per row (NumPy and torch generators) at the pair's vocabulary.
 """
@@ -90,12 +91,15 @@ def run_ersd_generate(target_name, draft_name, batch, max_tokens, temperature, k
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
     ersd.generate(target, draft, prompts[0], max_new_tokens=8, tree=f"chain:{k}")  # warm-up
     t0 = time.perf_counter()
-    n_tok, calls = 0, 0
-    for i, p in enumerate(prompts):
-        r = ersd.generate(target, draft, p, max_new_tokens=max_tokens, seed=i,
-                          temperature=temperature, tree=f"chain:{k}")  # fmt: skip
-        n_tok += len(r.tokens)
-        calls += r.target_calls
+    if batch == 1:
+        results = [ersd.generate(target, draft, prompts[0], max_new_tokens=max_tokens, seed=0,
+                                 temperature=temperature, tree=f"chain:{k}")]  # fmt: skip
+    else:  # ersd's own batched engine: one target forward per step for all rows
+        results = ersd.generate_batch(target, draft, prompts, seeds=list(range(batch)),
+                                      max_new_tokens=max_tokens, temperature=temperature,
+                                      tree=f"chain:{k}")  # fmt: skip
+    n_tok = sum(len(r.tokens) for r in results)
+    calls = sum(r.target_calls for r in results)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "tokens": n_tok, "tokens_per_s": n_tok / wall,
             "block_efficiency": n_tok / calls}  # fmt: skip

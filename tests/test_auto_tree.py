@@ -143,6 +143,47 @@ def test_flat_curve_picks_a_big_tree_and_steep_curve_no_drafting() -> None:
     assert last.best_tree_predicted < last.target_only
 
 
+def test_measured_step_times_correct_the_choice() -> None:
+    """The online correction: a drafting step far slower than predicted (the engine's own
+    overhead) makes auto stop drafting; plain steps as predicted keep it there; a step during
+    which cost curves were measured is not learned from."""
+    c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
+    shape = c.choose([1], batch=4)
+    assert shape is not None
+    target, draft = c._forward_parts(FLAT, shape, 4)
+    # measured: forwards as predicted, plus 1 s per row outside them
+    c.observe_times(4, draft, target, target + draft + 4.0)
+    spec = c.timing["spec"]
+    assert spec.steps == 1 and spec.overhead == pytest.approx(1.0)
+    assert c.choose([1], batch=4) is None  # 1 s per row: drafting no longer pays
+    assert c.last is not None and c.last.best_tree_predicted < c.last.target_only
+    plain = FLAT.target_cost(1, 4)
+    c.observe_times(4, 0.0, plain, plain)  # a plain step exactly as predicted
+    assert c.timing["plain"].target_ratio == pytest.approx(1.0)
+    assert c.choose([1], batch=4) is None
+    # a step whose measured time came with a cost measurement is skipped
+    import ersd.auto as auto_mod
+
+    auto_mod._MEASUREMENTS[0] += 1
+    c.observe_times(4, 0.0, 100 * plain, 100 * plain)
+    assert c.timing["plain"].steps == 1
+    # a different batch size than the one the choice was made for is not learned either
+    c.choose([1], batch=4)
+    c.observe_times(2, 0.0, 100 * plain, 100 * plain)
+    assert c.timing["plain"].steps == 1
+
+
+def test_step_timing_is_an_exponential_moving_average() -> None:
+    from ersd.auto import TIMING_EMA, StepTiming
+
+    t = StepTiming()
+    t.update(2.0, 3.0, 0.5)
+    assert (t.target_ratio, t.draft_ratio, t.overhead) == (2.0, 3.0, 0.5)  # first step replaces
+    t.update(1.0, 1.0, 0.1)
+    assert t.target_ratio == pytest.approx(2.0 + TIMING_EMA * (1.0 - 2.0))
+    assert t.overhead == pytest.approx(0.5 + TIMING_EMA * (0.1 - 0.5))
+
+
 def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
     c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
     sizes = [nodes(c.choose([1], batch=b)) for b in (1, 2, 4, 8, 16, 64)]

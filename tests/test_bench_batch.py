@@ -344,3 +344,32 @@ def test_hf_generate_baseline_in_a_one_prompt_run(tmp_path: Path) -> None:
         assert r["tokens_per_second"] == pytest.approx(6 / r["wall_time"])
     text = write_report([out], tmp_path / "rep")["report"].read_text()
     assert re.search(r"^\| hf-generate \| – \| 1\.00( \[1\.00, 1\.00\])? \| \d", text, re.M)
+
+
+def test_auto_records_its_choices_and_the_report_puts_predictions_next_to_measurements(
+    tmp_path: Path,
+) -> None:
+    """A tree="auto" entry: its cost curves are measured in the warm-up (not inside a timed run),
+    each record carries the trees chosen and the predicted tokens/s, and the report shows the
+    prediction next to the measured throughput."""
+    data = _config(temperatures=[1.0], seeds=[0], methods=["ersd"])
+    data["run"]["trees"] = {"ersd": ["auto"]}
+    cfg = config_from_dict(data, source="t")
+    out = tmp_path / "auto.jsonl"
+    run_bench(cfg, out, progress=False, log=_quiet)
+    _, _, batches = read_all([out])
+    autos = [r for r in batches if r["tree"] == "auto"]
+    assert autos and all(r["batch_size"] in (1, 2) for r in autos)
+    for r in autos:
+        steps = r["steps"] * r["batch_size"]
+        assert 0 < sum(r["auto_trees"].values()) <= steps
+        assert r["auto_predicted_tokens_per_second"] > 0
+    text = write_report([out], tmp_path / "rep")["report"].read_text()
+    head = "| configuration | B | trees chosen | predicted tokens/s | measured tokens/s |"
+    assert head in text
+    lines = [x for x in text.splitlines() if x.startswith("| ersd auto | ")]
+    table = [x for x in lines if x.count("|") == 7]
+    assert len(table) == 2  # one per batch size
+    for x in table:
+        pred, meas, ratio = (float(c) for c in x.strip("|").split("|")[3:6])
+        assert ratio == pytest.approx(meas / pred, abs=0.01)

@@ -22,6 +22,12 @@ and drafts the best one (ties go to no drafting, then to the earlier candidate).
   batch size (:func:`measured_costs`), measured once per model and batch size in fresh sessions
   and cached on the model objects.
 
+The cost curves are corrected online from the run's own steps (:class:`StepTiming`): the ratio
+of each measured target and draft forward time to its prediction, and the time per row outside
+the forwards, for drafting and non-drafting steps separately (exponential moving averages).  So
+the prediction includes the engine's own overhead and the real context length, and a tree that
+does not pay in this run gives way to a shorter one or to no drafting.
+
 The choice depends only on the costs and on steps already verified, never on the current step's
 randomness, so every method stays exact and ERSD's text stays the target-only text (it is tree-
 and batch-invariant); other methods' tokens depend on the trees chosen, hence on the batch.
@@ -54,8 +60,11 @@ CHAIN_LENGTHS = range(1, 9)
 TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
 #: at most this many of the context's last tokens prefill the cost-measurement sessions
 MEASURE_PROMPT_TOKENS = 64
+#: weight of the newest step in the online timing correction (exponential moving average)
+TIMING_EMA = 0.25
 _CACHE_ATTR = "_ersd_cost_curves"
 _FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
+_MEASUREMENTS = [0]  # cost measurements so far (a step during which one ran is not learned from)
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -177,6 +186,7 @@ def model_curve(model: Any, context: list[int], batch: int) -> list[float]:
     cache = _cache(model)
     key = (batch, DEFAULT_SIZES)
     if key not in cache:
+        _MEASUREMENTS[0] += 1
         cache[key] = measure_curve(
             model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
         )
@@ -201,6 +211,41 @@ def measured_costs(target: Any, draft: Any, context: list[int], batch: int) -> C
         target_batch=tgt,
         draft_batch=drf,
     )
+
+
+def prepare_costs(target: Any, draft: Any, context: list[int], max_batch: int) -> None:
+    """Measure (and cache) the cost curves ``tree="auto"`` uses for every batch size up to
+    ``max_batch``, so that no later generation pays for the measurement inside its own time
+    (benchmarks and servers call this before timing or serving)."""
+    sizes = {1}
+    b = 1
+    while b < max_batch:
+        b *= 2
+        sizes.add(b)
+    for b in sorted(sizes):
+        model_curve(target, context, b)
+        if draft is not None:
+            model_curve(draft, context, b)
+
+
+@dataclass
+class StepTiming:
+    """Online correction of the predicted step time for one kind of step (drafting or not):
+    measured / predicted forward seconds of the target and the draft, and seconds per row
+    outside the forwards — exponential moving averages (weight :data:`TIMING_EMA`)."""
+
+    target_ratio: float = 1.0
+    draft_ratio: float = 1.0
+    overhead: float | None = None  # seconds per row per step outside forwards (None: not seen)
+    steps: int = 0
+
+    def update(self, target: float, draft: float, overhead: float) -> None:
+        w = 1.0 if self.steps == 0 else TIMING_EMA
+        self.target_ratio += w * (target - self.target_ratio)
+        self.draft_ratio += w * (draft - self.draft_ratio)
+        old = overhead if self.overhead is None else self.overhead
+        self.overhead = old + w * (overhead - old)
+        self.steps += 1
 
 
 def draft_model_of(drafter: Any) -> Any:
@@ -266,9 +311,13 @@ class TreeChooser:
                 self.chains[f"chain:{k}"] = chain
         self.last: Choice | None = None
         self._measured: dict[int, CostModel] = {}  # measured costs per batch size
-        self._steps: dict[tuple[Any, int], float] = {}  # step time per (tree, batch size)
+        # predicted (target, draft) forward seconds per (tree, batch size), before correction
+        self._parts: dict[tuple[Any, int], tuple[float, float]] = {}
+        self.timing = {"plain": StepTiming(), "spec": StepTiming()}
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
         self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
+        self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
+        self._epoch = _MEASUREMENTS[0]
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -305,20 +354,37 @@ class TreeChooser:
             self._measured[batch] = measured_costs(self.target, self.draft_model, context, batch)
         return self._measured[batch]
 
-    def _step_time(self, costs: CostModel, shape: TreeShape, batch: int) -> float:
+    def _forward_parts(self, costs: CostModel, shape: TreeShape, batch: int) -> tuple[float, float]:
+        """Predicted (target, draft) forward seconds of a step with ``shape`` (uncorrected)."""
         key = (shape.paths, batch)  # the costs at one batch size never change
-        if key not in self._steps:
-            self._steps[key] = costs.step_time(shape, batch)
-        return self._steps[key]
+        if key not in self._parts:
+            target = costs.target_cost(shape.num_nodes + 1, batch)
+            draft = costs.step_time(shape, batch) - target - costs.overhead * batch
+            self._parts[key] = (target, draft)
+        return self._parts[key]
+
+    def _step_time(self, costs: CostModel, shape: TreeShape, batch: int) -> float:
+        """Predicted seconds of a drafting step, corrected by the run's own steps."""
+        target, draft = self._forward_parts(costs, shape, batch)
+        t = self.timing["spec"]
+        overhead = costs.overhead if t.overhead is None else t.overhead
+        return t.target_ratio * target + t.draft_ratio * draft + overhead * batch
+
+    def _plain_rate(self, costs: CostModel, batch: int) -> float:
+        """Predicted tokens/s over the batch without drafting, corrected likewise."""
+        t = self.timing["plain"]
+        overhead = costs.overhead_plain if t.overhead is None else t.overhead
+        return batch / (t.target_ratio * costs.target_cost(1, batch) + overhead * batch)
 
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
         ``batch`` live rows; the decision is kept in :attr:`last`."""
         if self._decided is not None and self._decided[0] == (batch, self._learned):
+            self._chosen = (self._chosen[0], self._decided[1], batch) if self._chosen else None
             return self._decided[1]  # nothing learned since the same decision at this batch
         costs = self.costs_at(context, batch)
         probs = self.depth_probs()
-        plain = costs.target_only_rate(batch)
+        plain = self._plain_rate(costs, batch)
         best_spec, best_shape, best_rate = None, None, -math.inf
         for spec, shape in self.candidates(probs).items():
             rate = batch * expected_tokens(shape, probs) / self._step_time(costs, shape, batch)
@@ -335,7 +401,28 @@ class TreeChooser:
         )
         chosen = best_shape if drafts else None
         self._decided = ((batch, self._learned), chosen)
+        self._chosen = (costs, chosen, batch)
         return chosen
+
+    def observe_times(self, batch: int, draft: float, target: float, total: float) -> None:
+        """Learn the step time of the step just verified (``batch`` rows; its draft and target
+        forward seconds and its total seconds) for the online correction; a step during which
+        cost curves were measured is skipped."""
+        epoch, self._epoch = self._epoch, _MEASUREMENTS[0]
+        if self._chosen is None or epoch != _MEASUREMENTS[0] or batch < 1:
+            return
+        costs, shape, b = self._chosen
+        if b != batch:
+            return
+        overhead = max(total - draft - target, 0.0) / batch
+        if shape is None:
+            predicted_target = costs.target_cost(1, batch)
+            self.timing["plain"].update(target / max(predicted_target, 1e-9), 1.0, overhead)
+        else:
+            pt, pd = self._forward_parts(costs, shape, batch)
+            dr = draft / pd if pd > 0 else 1.0
+            self.timing["spec"].update(target / max(pt, 1e-9), dr, overhead)
+        self._learned += 1  # the decision may change
 
     def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
         """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns
@@ -356,10 +443,12 @@ __all__ = [
     "TREE_SIZES",
     "Choice",
     "OnlineProfile",
+    "StepTiming",
     "TreeChooser",
     "draft_model_of",
     "expected_tokens",
     "measured_costs",
     "model_curve",
+    "prepare_costs",
     "tunstall_order",
 ]

@@ -219,6 +219,10 @@ class BatchEngine:
             target=target_time,
             total=time.perf_counter() - started,
         )
+        for row in rows:  # tree="auto": correct each chooser's cost model by this step's time
+            if row.settings.chooser is not None:
+                t = self.last_step
+                row.settings.chooser.observe_times(len(rows), t.draft, t.target, t.total)
         return out
 
     def _propose(self, rows: list[Row]) -> tuple[list[Proposal], list[int], float]:

@@ -215,7 +215,10 @@ def step(settings: Settings, seq: SequenceState) -> StepRecord:
     started = time.perf_counter()
     proposal, depth = propose(settings, seq)
     logits, target_time = score(settings, seq, proposal.tree)
-    return settle(settings, seq, proposal, depth, logits, target_time=target_time, started=started)
+    rec = settle(settings, seq, proposal, depth, logits, target_time=target_time, started=started)
+    if settings.chooser is not None:  # tree="auto": correct its cost model by this step's time
+        settings.chooser.observe_times(1, rec.draft_time, rec.target_time, rec.total_time)
+    return rec
 
 
 # --- set-up ----------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ class BatchRow:
     block_efficiency: float | None  # tokens per target call, all rows
     time_source: str
     prediction: dict[str, Any] | None = None
+    auto_predicted: float | None = None  # tree="auto": mean predicted tokens/s over runs
+    auto_trees: dict[str, int] | None = None  # tree="auto": row-steps per chosen tree
 
     @property
     def config(self) -> tuple[str, str | None, int | None]:
@@ -104,10 +106,54 @@ def summarise_batches(batches: list[dict[str, Any]]) -> list[BatchRow]:
                 block_efficiency=sum(r["num_tokens"] for r in recs) / calls if calls else None,
                 time_source=recs[0].get("time_source", "hooks"),
                 prediction=recs[0].get("prediction"),
+                **_auto_fields(recs),
             )
         )
     rows.sort(key=_order)
     return rows
+
+
+def _auto_fields(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    preds = [
+        r["auto_predicted_tokens_per_second"]
+        for r in recs
+        if r.get("auto_predicted_tokens_per_second")
+    ]
+    if not preds:
+        return {}
+    trees: dict[str, int] = defaultdict(int)
+    for r in recs:
+        for t, n in (r.get("auto_trees") or {}).items():
+            trees[t] += n
+    return {
+        "auto_predicted": sum(preds) / len(preds),
+        "auto_trees": dict(sorted(trees.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def _auto_lines(rows: list[BatchRow]) -> list[str]:
+    """tree="auto": its predictions next to the measurements."""
+    autos = [r for r in rows if r.auto_predicted]
+    if not autos:
+        return []
+    lines = [
+        'tree="auto" — the cost model\'s prediction next to the measurement (predicted: mean '
+        "over engine steps of the predicted tokens/s of the batch for the tree chosen; trees: "
+        "share of row-steps per chosen tree, see docs/auto-tree.md):",
+        "",
+        "| configuration | B | trees chosen | predicted tokens/s | measured tokens/s | "
+        "measured ÷ predicted |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in autos:
+        total = sum((r.auto_trees or {}).values()) or 1
+        trees = ", ".join(f"{t} {n / total:.0%}" for t, n in list((r.auto_trees or {}).items())[:3])
+        pred = r.auto_predicted or float("nan")
+        lines.append(
+            f"| {r.label} | {r.batch_size} | {trees} | {pred:.2f} | "
+            f"{r.tokens_per_second.mean:.2f} | {r.tokens_per_second.mean / pred:.2f} |"
+        )
+    return [*lines, ""]
 
 
 def _fmt(iv: Interval | None, digits: int) -> str:
@@ -150,7 +196,7 @@ def batch_markdown(rows: list[BatchRow], figure: str | None = None) -> str:
                 got = cell.get((c, b))
                 cells += [_fmt(got.tokens_per_second, 1), _fmt(got.ratio, 2)] if got else ["–", "–"]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += ["", *_best_fixed(trs, sizes)]
+        lines += ["", *_best_fixed(trs, sizes), *_auto_lines(trs)]
         lines += [
             "Time split (shares of the wall time of all runs; forward seconds from the models' "
             "own counters, or the engine's step times where a model keeps none: *source*):",
@@ -219,4 +265,6 @@ def batch_row_dict(r: BatchRow) -> dict[str, Any]:
         "block_efficiency": r.block_efficiency,
         "time_source": r.time_source,
         "prediction": r.prediction,
+        "auto_predicted_tokens_per_second": r.auto_predicted,
+        "auto_trees": r.auto_trees,
     }

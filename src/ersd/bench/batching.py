@@ -131,7 +131,30 @@ def run_batch_entry(
     }
     if entry.method == "ersd":
         fields["ranks"] = [[list(s.ranks) for s in r.steps] for r in results]
+    if str(entry.tree or "").startswith("auto"):
+        fields.update(auto_summary(results))
     return fields
+
+
+def auto_summary(results: list[ersd.GenerationResult]) -> dict[str, Any]:
+    """What ``tree="auto"`` chose in a batched run and what it predicted: the trees chosen
+    (row-steps per tree) and the mean over engine steps of the predicted tokens/s of the batch
+    (each step's prediction for its own batch size; the rows of a step share one forward)."""
+    trees: dict[str, int] = {}
+    per_step: list[float] = []
+    for j in range(max((len(r.steps) for r in results), default=0)):
+        preds = []
+        for r in results:
+            choice = r.steps[j].choice if len(r.steps) > j else None
+            if choice:
+                trees[choice["tree"]] = trees.get(choice["tree"], 0) + 1
+                preds.append(float(choice["predicted"]))
+        if preds:
+            per_step.append(sum(preds) / len(preds))
+    return {
+        "auto_trees": dict(sorted(trees.items(), key=lambda kv: -kv[1])),
+        "auto_predicted_tokens_per_second": sum(per_step) / len(per_step) if per_step else None,
+    }
 
 
 def count_runs(
@@ -152,7 +175,15 @@ def warm_up(
     log: Callable[[str], None],
 ) -> None:
     """Every configuration once per batch size, untimed (kernels and shapes of each size); a
-    configuration that fails here is logged, and its timed runs record the error."""
+    configuration that fails here is logged, and its timed runs record the error.  With a
+    ``tree="auto"`` entry the cost curves of every batch size a run can pass through (rows
+    finish one by one) are measured here, not inside a timed run."""
+    if any(str(e.tree or "").startswith("auto") for es in plans.values() for e in es):
+        from ersd.auto import draft_model_of, prepare_costs
+        from ersd.generation import as_drafter
+
+        draft = draft_model_of(as_drafter(pair.draft)) if pair.draft is not pair.target else None
+        prepare_costs(pair.target, draft, encoded[0], max(sizes))
     for temp, entries in plans.items():
         for b, e in batch_plan(entries, sizes):
             bar.set_postfix_str(f"T={temp} B={b} {e.label}")

@@ -6,8 +6,9 @@ Run it alone on an idle machine, in the vLLM environment (bash scripts/setup-vll
         --pair qwen --batch 1 8 --max-tokens 64 --out bench-results/vllm.json
 
 ``--pair smollm`` (SmolLM2-135M drafting for itself) is a quick smoke run.  Every vLLM row is a
-fresh engine (float32, eager, in its own engine process); the time is the wall time of one
-``generate`` call over ``batch`` prompts after a warm-up call.  Rows:
+fresh engine (float32, eager, in its own engine process) timed at each batch size in turn; the
+time is the wall time of one ``generate`` call over ``batch`` prompts after a warm-up call at
+that batch size.  Rows:
 
 * vllm-target: vLLM, no drafter, ordinary sampling (T=0 and T=1)
 * vllm-ersd-{none,ngram,draft}: ERSD requests (ersd_temperature=T) with each drafter
@@ -50,7 +51,8 @@ def spec_metrics(llm) -> dict[str, float]:
             "mean_acceptance_length": 1 + a / n if n else 1.0}  # fmt: skip
 
 
-def run_vllm(target, draft, spec_kind, params_fn, batch, max_tokens, k):
+def run_vllm(target, draft, spec_kind, params_fn, batches, max_tokens, k):
+    """One engine (loaded once) timed at every batch size; one result per batch size."""
     from vllm import LLM
 
     spec = None
@@ -61,25 +63,30 @@ def run_vllm(target, draft, spec_kind, params_fn, batch, max_tokens, k):
         spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
     t0 = time.perf_counter()
     llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=1024,
-              max_num_seqs=max(batch, 8), speculative_config=spec, seed=0,
+              max_num_seqs=max(*batches, 8), speculative_config=spec, seed=0,
               disable_log_stats=False)  # fmt: skip
     load = time.perf_counter() - t0
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-    llm.generate(prompts[:1], [params_fn(99, 8)], use_tqdm=False)  # warm-up
-    before = spec_metrics(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, [params_fn(i, max_tokens) for i in range(batch)], use_tqdm=False)
-    wall = time.perf_counter() - t0
-    after = spec_metrics(llm)
-    n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
-    d = after["draft_tokens"] - before["draft_tokens"]
-    a = after["accepted"] - before["accepted"]
+    out = []
+    for batch in batches:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        warm = [params_fn(99 + i, 8) for i in range(batch)]
+        llm.generate(prompts, warm, use_tqdm=False)  # warm-up at this batch size
+        before = spec_metrics(llm)
+        t0 = time.perf_counter()
+        params = [params_fn(i, max_tokens) for i in range(batch)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        after = spec_metrics(llm)
+        n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
+        d = after["draft_tokens"] - before["draft_tokens"]
+        a = after["accepted"] - before["accepted"]
+        out.append({"batch": batch, "load_s": load, "wall_s": wall, "tokens": n_tok,
+                    "tokens_per_s": n_tok / wall, "acceptance_rate": a / d if d else None,
+                    "first_tokens": [list(o.outputs[0].token_ids[:8]) for o in outs]})  # fmt: skip
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    return {"load_s": load, "wall_s": wall, "tokens": n_tok, "tokens_per_s": n_tok / wall,
-            "acceptance_rate": a / d if d else None,
-            "first_tokens": [list(o.outputs[0].token_ids[:8]) for o in outs]}  # fmt: skip
+    return out
 
 
 def run_ersd_generate(target_name, draft_name, batch, max_tokens, temperature, k):
@@ -89,7 +96,7 @@ def run_ersd_generate(target_name, draft_name, batch, max_tokens, temperature, k
     draft = ersd.load_model(draft_name, dtype="float32") if draft_name else None
     tok = target.tokenizer
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
-    ersd.generate(target, draft, prompts[0], max_new_tokens=8, tree=f"chain:{k}")  # warm-up
+    ersd.generate_batch(target, draft, prompts, max_new_tokens=8, tree=f"chain:{k}")  # warm-up
     t0 = time.perf_counter()
     if batch == 1:
         results = [ersd.generate(target, draft, prompts[0], max_new_tokens=max_tokens, seed=0,
@@ -164,14 +171,14 @@ def main() -> None:
     if not a.skip_vllm_t1:
         rows.append((f"vllm-spec-draft T={t}", "draft", random_p))
     results: dict = {"pair": names, "k": a.k, "max_tokens": a.max_tokens, "rows": []}
-    for batch in a.batch:
-        for name, spec, fn in rows:
-            if a.only not in name:
-                continue
-            r = run_vllm(target, draft, spec, fn, batch, a.max_tokens, a.k)
-            results["rows"].append({"name": name, "batch": batch, **r})
-            print(f"{name:28s} batch={batch}: {r['tokens_per_s']:.2f} tok/s "
+    for name, spec, fn in rows:
+        if a.only not in name:
+            continue
+        for r in run_vllm(target, draft, spec, fn, a.batch, a.max_tokens, a.k):
+            results["rows"].append({"name": name, **r})
+            print(f"{name:28s} batch={r['batch']}: {r['tokens_per_s']:.2f} tok/s "
                   f"(acceptance {r['acceptance_rate']})", file=sys.stderr, flush=True)  # fmt: skip
+    for batch in a.batch:
         for label, d in (("ersd-generate-target", None), ("ersd-generate-draft", draft)):
             if a.only not in label:
                 continue

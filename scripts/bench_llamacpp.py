@@ -12,12 +12,21 @@ prompt so that machine noise hits every configuration alike:
   the measured cost curve and a calibrated rank profile (:mod:`ersd.bench.costs`), or no draft
   at all when no tree is predicted to beat target-only decoding (the record says which).
 
+``--draft`` also takes a model-free drafter spec (``lookup``, ``lookup:n=2``, ``suffix``; see
+:mod:`ersd.drafting.spec`): then ``ersd-chain:K`` drafts with it and ``ersd-auto`` is
+``tree="auto"``, which picks each step's chain (or no drafting) from this backend's measured cost
+curve (draft cost 0) and the acceptance seen so far; its record says what it chose.  With
+``--sets grounded`` (prompts whose answer copies the input: edits, extraction) that is the
+comparison with llama-cpp-python's prompt lookup, at the same threads, greedy.
+
 Also the cost curve: median ms per ``llama_decode`` with 1/2/4/8/16 new tokens (logits for each)
 for both models and both batch policies.  Records go to ``--out`` (JSONL); the last stdout line is
 a JSON summary.  ``--smoke`` runs a tiny version (SmolLM2, few tokens) to check the script.
 
     python scripts/bench_llamacpp.py --out results/llamacpp.jsonl            # ~15 min on 2 cores
-    python scripts/bench_llamacpp.py --smoke
+    python scripts/bench_llamacpp.py --draft lookup --sets grounded --prompts 12 --chains '' \
+        --out results/llamacpp-lookup.jsonl
+    python scripts/bench_llamacpp.py --smoke [--draft lookup --sets grounded]
 """
 
 from __future__ import annotations
@@ -30,8 +39,10 @@ import time
 from typing import Any
 
 import ersd
+from ersd.auto import draft_model_of
 from ersd.bench.costs import CostModel, choose_trees, measure_costs
 from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.drafting import is_drafter_spec, parse_drafter
 from ersd.models.llamacpp import llama_lib, resolve_gguf
 from ersd.theory.profile import RankProfile
 
@@ -63,6 +74,10 @@ def auto_choice(
     return {"tree": tree, "predicted": best, "target_only_rate": choice["target_only_rate"]}
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def run_llama(llm: Any, prompt: list[int], n: int) -> tuple[int, float]:
     llm.reset()
     t0 = time.perf_counter()
@@ -73,29 +88,50 @@ def run_llama(llm: Any, prompt: list[int], n: int) -> tuple[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument(
+        "--draft",
+        default="qwen2.5-coder-0.5b",
+        help="draft model, or a model-free drafter spec (lookup, lookup:n=2, suffix)",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=3, help="prompts per set")
-    ap.add_argument("--sets", default="humaneval,mtbench")
-    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument(
+        "--sets",
+        default=None,
+        help="prompt sets (humaneval,mtbench,math,grounded; default the first two)",
+    )
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per run (default 96)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--chains", default="1,2,3,4")
+    ap.add_argument("--chains", default="1,2,3,4", help="chain lengths; '' for none")
     ap.add_argument("--lookup", default="2,4")
     ap.add_argument("--repeats", type=int, default=5, help="timings per cost-curve point")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    free = is_drafter_spec(args.draft)  # a model-free (or hybrid) drafter, not a model name
     if args.smoke:
-        args.target = args.draft = "smollm2-135m"
-        args.prompts, args.tokens, args.rounds, args.repeats = 1, 8, 1, 1
-        args.chains, args.lookup, args.sets = "2", "2", "humaneval"
+        args.target = "smollm2-135m"
+        args.draft = args.draft if free else "smollm2-135m"
+        args.prompts, args.rounds, args.repeats = 1, 1, 1
+        args.chains, args.lookup = "2", "2"
+        args.tokens, args.sets = args.tokens or 8, args.sets or "humaneval"
+    args.tokens, args.sets = args.tokens or 96, args.sets or "humaneval,mtbench"
     lib = llama_lib()
     threads = args.threads
     load = dict(backend="llamacpp", threads=threads)
     target = ersd.load_model(args.target, **load)
     target_fast = ersd.load_model(args.target, exact=False, **load)
-    draft = ersd.load_model(args.draft, exact=False, **load)
-    target.check_compatible(draft)
+    if free:
+        draft = parse_drafter(
+            args.draft,
+            load_model=lambda name: ersd.load_model(name, exact=False, **load),
+            tokenize=lambda text: target.tokenizer.encode(text, add_special_tokens=False),
+        )
+        draft_model = draft_model_of(draft)  # None for lookup / suffix alone
+    else:
+        draft = draft_model = ersd.load_model(args.draft, exact=False, **load)
+    if draft_model is not None:
+        target.check_compatible(draft_model)
     records: list[dict[str, Any]] = []
     out = open(args.out, "w") if args.out else None  # noqa: SIM115
 
@@ -113,7 +149,7 @@ def main() -> None:
 
     curves = {}
     for policy, tmodel in (("exact", target), ("fast", target_fast)):
-        costs = cost_curve(tmodel, draft, ids[0], args.repeats)
+        costs = cost_curve(tmodel, draft_model, ids[0], args.repeats)
         curves[policy] = costs
         emit(
             {
@@ -124,14 +160,17 @@ def main() -> None:
                 "draft_ms": [round(1e3 * t, 1) for t in costs.draft],
             }
         )
-    # rank profiles exist only for sampling (T > 0); at T = 1 acceptance is lower than greedy,
-    # so the choice errs towards drafting less
+    # a draft model: the tree chosen once, offline. Rank profiles exist only for sampling
+    # (T > 0); at T = 1 acceptance is lower than greedy, so the choice errs towards drafting less.
+    # A model-free drafter: tree="auto", chosen per step online (its draft cost is 0)
     auto = {
-        policy: auto_choice(tm, draft, curves[policy], calib_ids, 1.0, args.tokens // 2)
+        policy: {"tree": "auto"}
+        if free
+        else auto_choice(tm, draft, curves[policy], calib_ids, 1.0, args.tokens // 2)
         for policy, tm in (("exact", target), ("fast", target_fast))
     }
     for policy, choice in auto.items():
-        emit({"kind": "auto_choice", "policy": policy, **choice})
+        emit({"kind": "auto_choice", "policy": policy, "draft": args.draft, **choice})
 
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -149,7 +188,7 @@ def main() -> None:
             verbose=False,
             draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k),
         )
-        for k in map(int, args.lookup.split(","))
+        for k in ints(args.lookup)
     }
     configs: list[tuple[str, Any]] = [("llama", llm)]
     configs += [(f"llama-lookup:{k}", m) for k, m in lookups.items()]
@@ -157,19 +196,22 @@ def main() -> None:
         ("ersd-none-exact", (target, None, "none")),
         ("ersd-none-fast", (target_fast, None, "none")),
     ]
-    for k in map(int, args.chains.split(",")):
-        configs.append((f"ersd-chain:{k}-exact", (target, draft, f"chain:{k}")))
-        configs.append((f"ersd-chain:{k}-fast", (target_fast, draft, f"chain:{k}")))
+    tag = f"{args.draft}-" if free else ""  # e.g. ersd-lookup-auto-exact
+    for k in ints(args.chains):
+        configs.append((f"ersd-{tag}chain:{k}-exact", (target, draft, f"chain:{k}")))
+        configs.append((f"ersd-{tag}chain:{k}-fast", (target_fast, draft, f"chain:{k}")))
     for policy, tm in (("exact", target), ("fast", target_fast)):
         tree = auto[policy]["tree"]
-        configs.append((f"ersd-auto-{policy}", (tm, None if tree == "none" else draft, tree)))
+        configs.append((f"ersd-{tag}auto-{policy}", (tm, None if tree == "none" else draft, tree)))
 
     reference: dict[int, list[int]] = {}
     for name, obj in configs:  # warm-up
         if name.startswith("llama"):
             run_llama(obj, ids[0][:16], 2)
         else:
-            ersd.generate(obj[0], obj[1], ids[0][:16], max_new_tokens=2, temperature=0.0)
+            # tree="auto" measures its cost curves here, once per model, not in a timed run
+            tree = obj[2] if obj[1] is not None else "chain:1"
+            ersd.generate(obj[0], obj[1], ids[0][:16], max_new_tokens=2, temperature=0.0, tree=tree)
     for rnd in range(args.rounds):
         for i, prompt in enumerate(ids):
             for name, obj in configs:
@@ -188,6 +230,8 @@ def main() -> None:
                     )
                     n, secs = len(res.tokens), res.wall_time
                     rec = {"tokens": n, "block_efficiency": res.block_efficiency}
+                    if tree == "auto":  # what it chose and why (e.g. no drafting)
+                        rec["auto"] = res.auto_summary
                     if tm is target:  # exact policy: every config must give the same text
                         ref = reference.setdefault(i, res.tokens)
                         rec["identical_to_first_exact"] = ref == res.tokens
@@ -201,7 +245,12 @@ def main() -> None:
                         **rec,
                     }
                 )
-    summary: dict[str, Any] = {"threads": target.threads, "tokens": args.tokens}
+    summary: dict[str, Any] = {
+        "threads": target.threads,
+        "tokens": args.tokens,
+        "draft": args.draft,
+        "sets": args.sets,
+    }
     for name, _ in configs:
         rates = [r["tokens_per_second"] for r in records if r.get("config") == name]
         summary[name] = round(statistics.median(rates), 2)

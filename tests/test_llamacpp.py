@@ -190,6 +190,60 @@ def test_batch_policy_two_threads_long_context() -> None:
     assert 0.0 < diffs[False] < 2.0  # same model, other rounding
 
 
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 requantized to Q4_K_S by llama.cpp (~1 s): its ``ffn_down`` becomes Q4_K, the type
+    llama.cpp repacks for AVX2 (the bundled Qwen2.5-Coder GGUFs are mostly Q4_K)."""
+    from ersd.models import bundled
+    from ersd.models.llamacpp import llama_lib
+
+    lib = llama_lib()
+    src = bundled.gguf_path("smollm2-135m", None, ensure=True)
+    out = tmp_path_factory.mktemp("gguf") / "smollm2-135m-q4_k_s.gguf"
+    params = lib.llama_model_quantize_default_params()
+    params.nthread = 1
+    params.ftype = lib.LLAMA_FTYPE_MOSTLY_Q4_K_S
+    params.allow_requantize = True
+    assert lib.llama_model_quantize(str(src).encode(), str(out).encode(), params) == 0
+    return out
+
+
+def test_rows_do_not_depend_on_the_batch_size_with_repackable_weights(kquant_gguf: Path) -> None:
+    """Regression (ERSD differed from target-only decoding on Qwen2.5-Coder Q4_K_M): llama.cpp
+    multiplies repacked Q4_K weights by a GEMM for batch rows in groups of 4 and a GEMV for the
+    other ``n % 4`` rows, which round differently, so a row changed when a tree was decoded with
+    it (a prompt of L tokens alone vs L + 3).  The exact policy does not repack; the fast one
+    (repacked) shows the effect, so the test can fail."""
+    diffs = {}
+    for exact in (True, False):
+        m = ersd.load_model(kquant_gguf, backend="llamacpp", threads=1, context=256, exact=exact)
+        assert m.repack is not exact and m.describe()["repack"] is not exact
+        long = (_prompt(m) * 20)[:60]
+        worst = 0.0
+        for n in (2, 3, 5, 7, 51):
+            tokens = [11, 12, 13]
+            rows = m.start(long[:n]).score(tokens, [-1, 0, 1])
+            for i in range(4):  # the root row (last prompt token) and each node's row
+                alone = _fresh_root(m, long[:n] + tokens[:i])  # its own row in the GEMV rest
+                worst = max(worst, (rows[i] - alone).abs().max().item())
+        diffs[exact] = worst
+    assert diffs[True] == 0.0
+    assert 0.0 < diffs[False] < 3.0  # same weights, other rounding
+
+
+@pytest.mark.parametrize("tree", ["chain:2", "chain:4", "multi:2x2"])
+def test_ersd_is_drafter_invariant_with_repackable_weights(kquant_gguf: Path, tree: str) -> None:
+    """ERSD through a Q4_K target (exact) with its repacked twin (fast) as a near-perfect draft
+    gives target-only decoding's tokens."""
+    target = ersd.load_model(kquant_gguf, backend="llamacpp", threads=1, context=256)
+    draft = ersd.load_model(kquant_gguf, backend="llamacpp", threads=1, context=256, exact=False)
+    prompt = (_prompt(target) * 8)[:51]  # 51 % 4 = 3: the prompt's last row moves to the GEMM
+    for seed in range(3):
+        kw: dict[str, Any] = dict(max_new_tokens=24, seed=seed, tree=tree)
+        res = ersd.generate(target, draft, prompt, **kw)
+        assert res.tokens == ersd.generate(target, None, prompt, **kw).tokens, seed
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. generation through the backend
 
@@ -351,6 +405,11 @@ def test_bad_options_and_mismatches(model: Any) -> None:
 
     with pytest.raises(VocabularyMismatchError, match="tokenizers disagree"):
         model.check_compatible(_Shifted())
+
+
+def test_exact_policy_refuses_repacked_weights() -> None:
+    with pytest.raises(ModelLoadError, match="repack=True cannot be combined with exact=True"):
+        ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=64, repack=True)
 
 
 def test_tree_and_context_limits() -> None:

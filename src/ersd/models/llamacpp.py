@@ -10,24 +10,27 @@ drops the path sequences with ``llama_memory_seq_rm``, so the cache always equal
 decode of the committed sequence would hold.
 
 **Batch policy** (``exact``).  Some of llama.cpp's CPU kernels depend on how many tokens a call
-decodes, so a token's logits can differ (by ~0.2-0.4) between a one-token decode (target-only
-decoding) and a tree decode: flash attention splits the KV cache across threads for a *lone*
-query once 512 cells are cached (f16 cache), tiles queries from 64 on, and the K-quant tiled GEMM
-takes over from 8 rows.  With ``exact=True`` (default) none of these paths is used:
+decodes, so a token's logits can differ (by ~0.1-0.8) between a one-token decode (target-only
+decoding) and a tree decode: weights *repacked* for the CPU (Q4_K on AVX2) are multiplied in
+groups of 4 batch rows by a GEMM and the remaining ``n % 4`` rows by a GEMV, which round
+differently; flash attention splits the KV cache across threads for a *lone* query once 512
+cells are cached (f16 cache) and tiles queries from 64 on; the K-quant tiled GEMM takes over from
+8 rows.  With ``exact=True`` (default) none of these paths is used:
 
+* the weights are **not repacked** (``repack`` defaults to ``not exact``): ``vec_dot`` and
+  tinyBLAS then give the same bits for a row in any batch (tests check it, on Q4_K weights too);
 * the KV cache is stored as Q8_0: flash attention then always runs its per-query path (the split
   and tiled paths need an f16/f32 cache);
 * ``GGML_CPU_TILED_MM=0`` (set when this module first loads llama.cpp, unless already set) keeps
-  the K-quant tiled GEMM off; the remaining matrix kernels (``vec_dot``, the repacked Q4_K GEMM /
-  GEMV, tinyBLAS) give the same bits for a row in any batch (tests check it);
+  the K-quant tiled GEMM off;
 * flash attention sums the cached cells in cache order, so rejected tree nodes lying *before* an
   accepted one in the cache are parked in a junk sequence instead of freed: later tokens never land
   in a hole ahead of older ones.  When parked cells fill the cache, it is rebuilt by decoding the
   committed tokens again (bit-identical by the above).
 
 Each token's logits are then bit-identical however the calls are batched, so ERSD's output equals
-target-only decoding exactly.  ``exact=False`` uses an f16 cache and frees rejected cells (the
-fastest setting; right for drafts).  See docs/llamacpp.md for the measured cost of both.
+target-only decoding exactly.  ``exact=False`` repacks, uses an f16 cache and frees rejected cells
+(fastest; right for drafts).  docs/llamacpp.md has the measured cost of both.
 
 llama-cpp-python is an optional extra (``pip install 'ersd[llamacpp]'``), imported lazily.
 """
@@ -122,7 +125,7 @@ def load_model(
     context: int | None = None,
     exact: bool = True,
     max_paths: int = DEFAULT_MAX_PATHS,
-    repack: bool = True,
+    repack: bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     **unknown: Any,
 ) -> LlamaCppModel:
@@ -240,7 +243,9 @@ class LlamaCppModel:
         context: context window in tokens (default: the GGUF's, at most 4096).
         exact: batch policy, see the module docstring (default True: bit-exact).
         max_paths: most root-to-leaf paths a draft tree may have (llama.cpp sequence ids).
-        repack: let llama.cpp repack quantized weights for the CPU (faster; default True).
+        repack: let llama.cpp repack quantized weights for the CPU (faster batches; default
+            ``not exact``: the repacked GEMM rounds a row differently in a group of 4 than alone,
+            so ``exact=True`` with ``repack=True`` is refused).
     """
 
     def __init__(
@@ -252,20 +257,26 @@ class LlamaCppModel:
         context: int | None = None,
         exact: bool = True,
         max_paths: int = DEFAULT_MAX_PATHS,
-        repack: bool = True,
+        repack: bool | None = None,
     ) -> None:
         lib = llama_lib()
         self.lib = lib
         self.path = Path(path)
         if not is_gguf(self.path):
             raise ModelLoadError(f"{self.path} is not a GGUF file")
+        if repack and exact:
+            raise ModelLoadError(
+                "repack=True cannot be combined with exact=True: repacked weights (Q4_K on AVX2) "
+                "make a token's logits depend on the call's batch size (GEMM for rows in groups "
+                "of 4, GEMV for the rest); drop repack= or pass exact=False"
+            )
         if not 1 <= max_paths <= 250:
             raise ModelLoadError(f"max_paths must be in [1, 250], got {max_paths}")
         self.name = name or self.path.name
         self.threads = int(threads or os.cpu_count() or 1)
         self.exact = bool(exact)
         self.max_paths = int(max_paths)
-        self.repack = bool(repack)
+        self.repack = (not self.exact) if repack is None else bool(repack)
         params = lib.llama_model_default_params()
         params.use_extra_bufts = self.repack
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)

@@ -66,6 +66,7 @@ class SlotStore:
         self.dtype, self.device = dtype, device
         self.kv: torch.Tensor | None = None  # [layers, 2, slots, heads, capacity, head_dim]
         self.owners: list[SlotRef | None] = []
+        self.moved = 0  # rows copied between slots by arrange() (composition changes)
 
     @property
     def capacity(self) -> int:
@@ -134,6 +135,7 @@ class SlotStore:
             src = torch.tensor([r.slot for r, _ in moves], device=kv.device)
             dst = torch.tensor([d for _, d in moves], device=kv.device)
             kv[:, :, dst, :, :width] = kv[:, :, src, :, :width]
+            self.moved += len(moves)
             for r, _ in moves:
                 self.owners[r.slot] = None
             for r, d in moves:

@@ -78,12 +78,15 @@ class SlotStore:
         return sum(o is not None for o in self.owners)
 
     def reserve(self, slots: int, columns: int) -> None:
-        """Grow (geometrically, zero-filled) to at least ``slots`` slots of ``columns`` columns."""
+        """Grow (geometrically, zero-filled) to at least ``slots`` slots of ``columns`` columns.
+
+        Nothing is ever copied from a row's past except here (a regrowth) and in a compaction."""
         have_s, have_c = len(self.owners), self.capacity
         if slots <= have_s and columns <= have_c:
             return
         new_s = have_s if slots <= have_s else max(slots, have_s + have_s // 2)
-        new_c = have_c if columns <= have_c else max(columns, have_c + have_c // 2)
+        # a quarter of headroom: rows grow a few columns a step, a regrowth copies everything
+        new_c = have_c if columns <= have_c else max(columns + columns // 4, have_c + have_c // 2)
         new_c = -(-new_c // _ALIGN) * _ALIGN
         layers, heads, head_dim = self.shape
         kv = torch.zeros(

@@ -97,6 +97,14 @@ class Row:
             wall_time=time.perf_counter() - self.started,
         )
 
+    def close(self) -> None:
+        """Free the row's sessions (KV caches, batch slots) now, where they can be closed."""
+        drafter = self.seq.drafter
+        for sess in (self.seq.target, getattr(drafter, "session", drafter)):
+            close = getattr(sess, "close", None)
+            if callable(close):
+                close()
+
 
 @dataclass
 class StepTimes:
@@ -174,7 +182,9 @@ class BatchEngine:
 
     def cancel(self, rid: int) -> None:
         """Drop a request now (its sessions and caches are freed)."""
-        self._rows.pop(rid, None)
+        row = self._rows.pop(rid, None)
+        if row is not None:
+            row.close()
 
     def result(self, rid: int) -> GenerationResult:
         return self._rows[rid].result()
@@ -212,6 +222,7 @@ class BatchEngine:
             if row.seq.finish_reason is not None:
                 done = row.result()
                 del self._rows[row.id]
+                row.close()
             out.append((row.id, rec, done))
         self.last_step = StepTimes(
             rows=len(rows),

@@ -1,25 +1,28 @@
 """One forward for the score calls of several :class:`~ersd.models.hf_session.HFSession` s.
 
-Each session keeps its own ``DynamicCache`` (so a sequence joins or leaves the batch between steps
-and a finished one frees its cache by being dropped).  :func:`score_batch` stacks the sessions'
-caches into one temporary batch cache, feeds every row's call in one forward and hands each row its
-new cache entries back:
+A session scored in a batch keeps its KV cache in a slot of the model's persistent batched storage
+(:mod:`ersd.models.hf_slots`), so a forward copies only the new tokens' keys and values, never a
+row's past:
 
-* past columns ``[0, P)`` hold row ``i``'s ``past_i`` cached entries right-padded to
-  ``P = max past_i``; new columns ``[P, P + Q)`` hold its ``q_i`` fed tokens right-padded to
-  ``Q = max q_i``;
-* the 4-D mask of row ``i`` is the row's own tree mask (:meth:`HFSession.plan_mask`) with its past
-  part placed at columns ``[0, past_i)`` and its new part at ``[P, P + q_i)``; padding columns are
-  never attended, padding query rows attend only to themselves (their outputs are dropped);
-* position ids are per row, so rows of different lengths and tree depths share the forward.
+* the rows of the call occupy the contiguous slots ``[lo, lo + n)`` (sorted by slot; compacted
+  only when the composition changed);
+* row ``i`` feeds its ``q_i`` tokens (uncached committed tail, then the new tree nodes), right-
+  padded to ``Q = max q_i``, with its own position ids; their keys and values are written at its
+  columns ``[past_i, past_i + q_i)``, exactly where its own ``DynamicCache`` would put them;
+* attention sees the columns ``[0, W)``, ``W = max (past_i + q_i)``; the 4-D mask of row ``i`` is
+  its own tree mask (:meth:`HFSession.plan_mask`) over its columns ``[0, past_i + q_i)`` and hides
+  every other column; padding query rows see column 0 only (their outputs are dropped).
 
-Each row therefore computes exactly its own attention; the only numerical difference from a
-one-row forward is the matrix kernels' blocking for a different number of rows (float32 sums in
-another order), see ``docs/batching.md``.
+Each row therefore computes exactly its own attention over its own columns; the only numerical
+difference from a one-row forward is the kernels' blocking for another number of rows and columns
+(float32 sums in another order), see ``docs/batching.md``.
 
-Rows that would not pay or are not supported go through :meth:`HFSession.score` one by one: rows
-feeding a long uncached tail (a prompt being prefilled, which would pad every other row to its
-length), and every row when the model uses sliding-window layers or the ``"paths"`` fallback.
+Rows that would not pay or are not supported go through :meth:`HFSession.score` one by one: a
+session without a slot feeding a long uncached tail (a prompt being prefilled, which would pad
+every other row to its length; it joins the storage at its next batched call), a lone session
+without a slot, and every row when the model uses sliding-window layers, the ``"paths"`` fallback
+or a cache layout the storage cannot hold.  A session with a slot is always scored on its slot
+(alone if its tail is long, or if it is scored on its own).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from ersd.models.base import check_tree_args
 from ersd.models.hf_session import HFSession, MaskPlan
+from ersd.models.hf_slots import SlotCache, slot_store
 
 if TYPE_CHECKING:
     from ersd.models.hf import HFModel
@@ -39,91 +43,110 @@ if TYPE_CHECKING:
 MAX_BATCHED_TAIL = 8
 
 
+def batchable(model: HFModel) -> bool:
+    """Whether ``model``'s sessions can share forwards on the slot storage."""
+    return (
+        model.sliding_window is None
+        and model.resolved_tree_attention() == "mask"
+        and slot_store(model) is not None
+    )
+
+
 def score_batch(
     model: HFModel, sessions: Sequence[Any], calls: Sequence[tuple[Sequence[int], Sequence[int]]]
 ) -> list[torch.Tensor]:
     """``[s.score(*c) for s, c in zip(sessions, calls)]``, one forward for the batchable rows."""
     out: list[torch.Tensor | None] = [None] * len(sessions)
-    batch: list[tuple[int, HFSession, MaskPlan]] = []
-    batchable = model.sliding_window is None and model.resolved_tree_attention() == "mask"
+    group: list[tuple[int, HFSession, MaskPlan]] = []
+    alone: list[tuple[int, HFSession, MaskPlan]] = []
+    ok = batchable(model)
     for i, (sess, (tokens, parents)) in enumerate(zip(sessions, calls, strict=True)):
-        if not (batchable and isinstance(sess, HFSession) and sess.owner is model):
+        if not (ok and isinstance(sess, HFSession) and sess.owner is model):
             continue
+        sess._check_open()
         check_tree_args(tokens, parents, len(sess._ptok))
         if len(tokens) == 0 and sess._root is not None:
             continue  # answered without a forward
-        if len(sess.committed) - sess._n_cached > MAX_BATCHED_TAIL:
-            continue
-        sess._check_window(sess.depths_of(parents))
-        if not sess._mode:
-            sess._mode = "mask"
-        batch.append((i, sess, sess.plan_mask(tokens, parents, sess.depths_of(parents))))
-    if len(batch) >= 2:
-        with torch.no_grad():
-            rows = _forward_rows(model, batch)
-        for (i, sess, plan), logits in zip(batch, rows, strict=True):
-            out[i] = sess.finish_mask(plan, logits)
-    elif batch:  # a single row: its own plain forward (the plan is rebuilt, nothing changed yet)
-        i, sess, _ = batch[0]
-        out[i] = sess.score(*calls[i])
+        long = len(sess.committed) - sess._n_cached > MAX_BATCHED_TAIL
+        if long and sess._slot is None:
+            continue  # prefilled on its own DynamicCache
+        depths = sess.depths_of(parents)
+        sess._check_window(depths)
+        sess._mode = "mask"
+        (alone if long else group).append((i, sess, sess.plan_mask(tokens, parents, depths)))
+    if len(group) == 1 and group[0][1]._slot is None:
+        group = []  # a lone fresh row: its own plain forward (the plan is rebuilt, nothing changed)
+    parts = [group] if group else []
+    parts += [[row] for row in alone]
+    for part in parts:
+        for (i, _, _), logits in zip(part, forward_slots(model, part), strict=True):
+            out[i] = logits
     for i, (sess, call) in enumerate(zip(sessions, calls, strict=True)):
         if out[i] is None:
             out[i] = sess.score(*call)
     return [o for o in out if o is not None]
 
 
-def _forward_rows(
-    model: HFModel, batch: list[tuple[int, HFSession, MaskPlan]]
+def forward_slots(
+    model: HFModel, rows: list[tuple[int, HFSession, MaskPlan]]
 ) -> list[torch.Tensor]:
-    """One forward for the planned rows; returns each row's kept logits (float32)."""
-    dev = model.device
-    b = len(batch)
-    plans = [plan for _, _, plan in batch]
-    caches = [sess._cache for _, sess, _ in batch]
-    p_len = max(plan.past for plan in plans)
+    """One forward for the planned rows on the slot storage; returns what each row's
+    :meth:`HFSession.score` returns, in the order of ``rows``."""
+    store = slot_store(model)
+    assert store is not None
+    sessions = [sess for _, sess, _ in rows]
+    plans = [plan for _, _, plan in rows]
+    ends = [plan.past + len(plan.ids) for plan in plans]
+    lo = store.arrange(sessions, max(ends))
+    refs = [sess._slot for sess in sessions]
+    assert all(r is not None for r in refs)
+    order = sorted(range(len(rows)), key=lambda j: refs[j].slot)  # type: ignore[union-attr]
+    n = len(rows)
     q_len = max(len(plan.ids) for plan in plans)
-    ids = torch.zeros(b, q_len, dtype=torch.long)
-    positions = torch.zeros(b, q_len, dtype=torch.long)
-    allowed = torch.zeros(b, 1, q_len, p_len + q_len, dtype=torch.bool)
-    for r, plan in enumerate(plans):
+    width = max(ends)
+    ids = torch.zeros(n, q_len, dtype=torch.long)
+    positions = torch.zeros(n, q_len, dtype=torch.long)
+    allowed = torch.zeros(n, 1, q_len, width, dtype=torch.bool)
+    rr: list[int] = []
+    cc: list[int] = []
+    qq: list[int] = []
+    for r, j in enumerate(order):
+        plan = plans[j]
         q, past = len(plan.ids), plan.past
+        assert refs[j].slot == lo + r and refs[j].length == past  # type: ignore[union-attr]
         ids[r, :q] = torch.tensor(plan.ids)
         positions[r, :q] = torch.tensor(plan.positions)
         positions[r, q:] = plan.positions[-1]
         if plan.allowed is None:  # plain causal continuation
             allowed[r, 0, :q, :past] = True
-            allowed[r, 0, :q, p_len : p_len + q] = torch.ones(q, q, dtype=torch.bool).tril_()
+            allowed[r, 0, :q, past : past + q] = torch.ones(q, q, dtype=torch.bool).tril_()
         else:
-            allowed[r, 0, :q, :past] = plan.allowed[:, :past]
-            allowed[r, 0, :q, p_len : p_len + q] = plan.allowed[:, past:]
-        pad = torch.arange(q, q_len)
-        allowed[r, 0, pad, p_len + pad] = True  # padding queries see themselves only
+            allowed[r, 0, :q, : past + q] = plan.allowed
+        allowed[r, 0, q:, 0] = True  # padding queries see column 0 only
+        rr.extend([r] * q)
+        cc.extend(range(past, past + q))
+        qq.extend(range(q))
     mask = torch.zeros(allowed.shape, dtype=model.dtype)
     mask.masked_fill_(~allowed, model._mask_min)
-    stacked = model.new_cache()
-    if p_len:
-        _stack_into(stacked, caches, plans, p_len)
-    logits = model._forward(ids.to(dev), positions.to(dev), stacked, mask.to(dev), q_len).float()
-    # hand each row its new entries: the columns [P, P + q_i) of its batch row
-    for r, (cache, plan) in enumerate(zip(caches, plans, strict=True)):
+    dev = model.device
+    cache = SlotCache(
+        store,
+        lo,
+        n,
+        torch.tensor(rr, device=dev),
+        torch.tensor(cc, device=dev),
+        torch.tensor(qq, device=dev),
+        past=max(plan.past for plan in plans),
+        fed=q_len,
+        width=width,
+    )
+    with torch.no_grad():
+        logits = model._forward(ids.to(dev), positions.to(dev), cache, mask.to(dev), q_len)
+    logits = logits.float()
+    out: list[torch.Tensor] = [logits[0]] * n
+    for r, j in enumerate(order):
+        sess, plan = sessions[j], plans[j]
         q = len(plan.ids)
-        for idx, layer in enumerate(stacked.layers):
-            keys = layer.keys[r : r + 1, :, p_len : p_len + q]
-            values = layer.values[r : r + 1, :, p_len : p_len + q]
-            cache.update(keys.contiguous(), values.contiguous(), idx)
-    return [logits[r, len(plan.ids) - plan.keep : len(plan.ids)] for r, plan in enumerate(plans)]
-
-
-def _stack_into(stacked: Any, caches: list[Any], plans: list[MaskPlan], p_len: int) -> None:
-    """Fill the empty batch cache ``stacked`` with each row's cache, right-padded to ``p_len``."""
-    ref = next(c for c, plan in zip(caches, plans, strict=True) if plan.past)
-    for idx, ref_layer in enumerate(ref.layers):
-        k0, v0 = ref_layer.keys, ref_layer.values
-        keys = k0.new_zeros(len(caches), k0.shape[1], p_len, k0.shape[3])
-        values = v0.new_zeros(len(caches), v0.shape[1], p_len, v0.shape[3])
-        for r, (cache, plan) in enumerate(zip(caches, plans, strict=True)):
-            if plan.past:
-                layer = cache.layers[idx]
-                keys[r, :, : plan.past] = layer.keys[0, :, : plan.past]
-                values[r, :, : plan.past] = layer.values[0, :, : plan.past]
-        stacked.update(keys, values, idx)
+        refs[j].length = plan.past + q  # type: ignore[union-attr]
+        out[j] = sess.finish_mask(plan, logits[r, q - plan.keep : q])
+    return out

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ersd.errors import GenerationInputError
+from ersd.errors import ErsdError, GenerationInputError
 from ersd.models.base import check_commit_args, check_tree_args
 
 if TYPE_CHECKING:
     from ersd.models.hf import HFModel
+    from ersd.models.hf_slots import SlotRef
 
 
 @dataclass
@@ -67,6 +68,30 @@ class HFSession:
         self._panc: list[list[int]] = []  # ancestors of each node, itself included, root first
         self._prow: list[torch.Tensor] = []  # next-token logits of each node
         self._mode = ""  # resolved lazily: "mask" or "paths"
+        # set once scored in a batch: the cache then lives in the model's slot storage
+        self._slot: SlotRef | None = None
+        self._final: Any = None  # frees the slot (on close() or when collected)
+        self._closed = False
+
+    def _attach_slot(self, ref: SlotRef, final: Any) -> None:
+        """The cache now lives in ``ref``'s slot (:meth:`SlotStore.arrange` copied it there)."""
+        self._slot = self._cache = ref
+        self._final = final
+
+    def close(self) -> None:
+        """Free the KV cache now (its slot of the batched storage, or its own cache) instead of
+        when the session is collected; the session cannot be scored afterwards."""
+        if self._final is not None:
+            self._final()
+        self._slot = self._final = None
+        self._cache = self.owner.new_cache()
+        self._n_cached = 0
+        self._root = None
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ErsdError("this session was closed; start a new one with model.start(prompt)")
 
     @property
     def committed(self) -> list[int]:
@@ -80,6 +105,7 @@ class HFSession:
     # -- score ---------------------------------------------------------------------------------
 
     def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        self._check_open()
         n = len(tokens)
         num_pending = len(self._ptok)
         check_tree_args(tokens, parents, num_pending)
@@ -139,6 +165,10 @@ class HFSession:
     ) -> torch.Tensor:
         owner = self.owner
         plan = self.plan_mask(tokens, parents, depths)
+        if self._slot is not None:  # scored on its slot of the batched storage, alone
+            from ersd.models.hf_batch import forward_slots
+
+            return forward_slots(owner, [(0, self, plan)])[0]
         mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
         if plan.allowed is not None:
             mask = owner._additive(plan.allowed)
@@ -279,11 +309,15 @@ class HFSession:
     # -- commit --------------------------------------------------------------------------------
 
     def commit(self, tokens: Sequence[int], path: Sequence[int]) -> None:
+        self._check_open()
         check_commit_args(tokens, path, self._ptok, self._ppar)
         k = len(path)
         if self._ptok and self._mode != "paths":
             base = self._n_cached  # == len(committed): pending nodes exist only after a score
-            if any(node != j for j, node in enumerate(path)):
+            if self._slot is not None and any(node != j for j, node in enumerate(path)):
+                with torch.no_grad():
+                    self._slot.compact(base, [base + node for node in path])
+            elif any(node != j for j, node in enumerate(path)):
                 with torch.no_grad():
                     idx = torch.tensor([base + node for node in path], device=self.owner.device)
                     for layer in self._cache.layers:

@@ -1,0 +1,190 @@
+"""The HF adapter's persistent batched KV storage (``ersd/models/hf_slots.py``): sessions scored
+in a batch keep their cache in a slot; a batched forward writes only the new tokens' K/V.
+
+Contract for the storage: tree rows equal per-path plain forwards per row; a row's cache never
+outgrows its committed sequence plus pending nodes (and equals the committed part after a commit);
+a finished row frees its slot (closed by the engine, or collected); rows joining and leaving
+mid-run keep their outputs; a slotted session scored alone equals a ``DynamicCache`` twin bit for
+bit (the slot layout is the same, only the storage differs).
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from typing import Any
+
+import pytest
+import torch
+
+import ersd
+from ersd.batch import BatchEngine
+from ersd.models.batch import score_many
+from ersd.models.hf import HFModel, from_pretrained_model
+from ersd.models.hf_slots import slot_store
+from tests.backend_contract import BackendCase, Driver, random_parents, random_path
+from tests.hf_tiny import tiny_config, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def hf_reference(model: Any, seq: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.hf_module(input_ids=torch.tensor([seq])).logits[0, -1].float()
+
+
+@pytest.fixture
+def pair() -> tuple[HFModel, HFModel]:
+    """Fresh models per test: each test sees its own slot storage."""
+    from transformers import AutoModelForCausalLM
+
+    target = from_pretrained_model(tiny_model("llama", 0))
+    torch.manual_seed(0)
+    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
+    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
+    return target, from_pretrained_model(draft_model.eval())
+
+
+def live_slots(model: HFModel) -> int:
+    store = slot_store(model)
+    assert store is not None
+    return store.used
+
+
+def test_rows_equal_per_path_forwards_through_joins_leaves_and_compaction(pair) -> None:
+    """Random trees for a changing set of rows: some calls cover a subset of the slotted rows
+    (forcing compaction and eviction), rows leave (closed or collected) and fresh prompts join;
+    every row equals its path's plain forward, caches stay within each row's sequence, slots
+    are contiguous per call and counted exactly."""
+    target, _ = pair
+    case = BackendCase("hf-llama-slots", lambda: target, hf_reference)
+    store = slot_store(target)
+    assert store is not None
+    rng = random.Random(5)
+    moved_before = store.moved
+
+    def new_driver() -> Driver:
+        return Driver(case, target, [rng.randrange(300) for _ in range(rng.randrange(1, 14))])
+
+    drivers = [new_driver() for _ in range(4)]
+    for step in range(10):
+        part = drivers if step % 3 else rng.sample(drivers, k=max(1, len(drivers) - 2))
+        calls: list[tuple[list[int], list[int]]] = []
+        for drv in part:
+            par = random_parents(rng, len(drv.ptok), rng.randrange(0, 5))
+            calls.append(([drv.token(rng) for _ in par], par))
+        firsts = [len(d.ptok) for d in part]
+        outs = score_many(target, [d.session for d in part], calls)
+        slots = sorted(d.session._slot.slot for d in part if d.session._slot is not None)
+        assert slots == list(range(slots[0], slots[0] + len(slots))) if slots else True
+        for drv, (tokens, parents), first, rows in zip(part, calls, firsts, outs, strict=True):
+            drv.ptok += tokens
+            drv.ppar += parents
+            drv.expect(rows[0], list(drv.session.committed))
+            for i in range(len(tokens)):
+                drv.expect(rows[1 + i], drv.seq(first + i))
+            drv.check_cache(pending=len(drv.ptok))
+            ref = drv.session._slot
+            if ref is not None:
+                assert ref.length == drv.session.cache_length
+        for drv in drivers:
+            if drv.ptok and rng.random() < 0.7:
+                path = random_path(rng, drv.ppar)
+                extra = [drv.token(rng) for _ in range(rng.choice([0, 1, 2]))]
+                drv.commit([drv.ptok[i] for i in path] + extra, path)
+                assert drv.session.cache_length <= len(drv.session.committed)
+        assert live_slots(target) == sum(d.session._slot is not None for d in drivers)
+        if step == 4:  # one row closed, one collected, two fresh prompts join
+            drivers[0].session.close()
+            gone = drivers[2]
+            drivers = [drivers[1], drivers[3], new_driver(), new_driver()]
+            del gone, part  # the only references left: the session is collected
+            gc.collect()
+            assert live_slots(target) == sum(d.session._slot is not None for d in drivers)
+    assert store.moved > moved_before, "the subset calls should have moved rows between slots"
+    del drivers, part, drv  # the last references to the sessions
+    gc.collect()
+    assert store.kv is None and store.used == 0, "the storage goes with its last session"
+
+
+def test_slotted_session_alone_equals_dynamic_cache_twin(pair) -> None:
+    """A session moved into a slot (next to others) and then scored alone gives exactly the rows
+    of a twin on its own DynamicCache, through tree scores and path commits."""
+    target, _ = pair
+    prompt = [5, 17, 42, 8, 1, 2, 3, 4, 5, 6, 7, 8]
+    others = [target.start([9] * k) for k in (3, 20)]
+    sess, twin = target.start(prompt), target.start(prompt)
+    for s in [*others, sess, twin]:
+        s.score([], [])  # solo prefills on DynamicCaches
+    store = slot_store(target)
+    assert store is not None
+    store.arrange([*others, sess], 40)
+    assert sess._slot is not None and twin._slot is None
+    for tokens, parents, commit, path in [
+        ([4, 5, 6], [-1, 0, 0], [4, 6, 9], [0, 2]),
+        ([7, 8], [-1, -1], [8], [1]),
+        ([1, 2, 3, 4], [-1, 0, 1, 0], [1, 2, 3], [0, 1, 2]),
+    ]:
+        assert torch.equal(sess.score(tokens, parents), twin.score(tokens, parents))
+        sess.commit(commit, path)
+        twin.commit(commit, path)
+        assert sess.cache_length == twin.cache_length
+    assert torch.equal(sess.score([], []), twin.score([], []))
+
+
+def test_finished_rows_free_their_slots(pair) -> None:
+    """Rows finishing at different steps give their target and draft slots back at once; the
+    storage is released when the last row leaves."""
+    target, draft = pair
+    engine = BatchEngine(target, draft)
+    for i, n in enumerate([3, 9, 6, 14]):
+        engine.add([5 + i, 17, 42], seed=i, max_new_tokens=n, method="ersd", tree="chain:2")
+    steps = 0
+    while engine.active:
+        engine.step()
+        steps += 1
+        assert live_slots(target) <= len(engine.active)
+        assert live_slots(draft) <= len(engine.active)
+        if steps >= 2:
+            assert live_slots(target) == len(engine.active)
+    assert slot_store(target).kv is None and slot_store(draft).kv is None  # type: ignore[union-attr]
+
+
+def test_closed_session_refuses_to_score(pair) -> None:
+    target, _ = pair
+    a, b = target.start([1, 2, 3]), target.start([4, 5])
+    score_many(target, [a, b], [([6], [-1]), ([7], [-1])])
+    assert a._slot is not None and live_slots(target) == 2
+    a.close()
+    assert live_slots(target) == 1 and a.cache_length == 0
+    with pytest.raises(ersd.ErsdError, match="closed"):
+        a.score([], [])
+    b.close()
+
+
+def test_rows_joining_mid_run_keep_their_outputs(pair) -> None:
+    """Rows with different trees (so draft calls cover subsets of the rows) join at different
+    steps and finish at different steps; every row's tokens equal its solo run."""
+    target, draft = pair
+    plan = [  # (step it joins, prompt, seed, max_new_tokens, tree)
+        (0, [5, 17, 42], 3, 12, "chain:3"),
+        (0, [7], 4, 5, "chain:1"),
+        (2, [100, 3, 9, 250, 11, 12, 13, 14, 15, 16, 17], 5, 9, "multi:2x2"),
+        (3, [31, 4], 6, 10, "chain:2"),
+    ]
+    engine = BatchEngine(target, draft)
+    ids: dict[int, int] = {}
+    got: dict[int, list[int]] = {}
+    for step in range(60):
+        for k, (at, prompt, seed, n, tree) in enumerate(plan):
+            if at == step:
+                ids[k] = engine.add(prompt, seed=seed, max_new_tokens=n, tree=tree)
+        for rid, _rec, done in engine.step():
+            if done is not None:
+                got[rid] = done.tokens
+        if len(got) == len(plan):
+            break
+    assert len(got) == len(plan)
+    for k, (_, prompt, seed, n, tree) in enumerate(plan):
+        solo = ersd.generate(target, draft, prompt, seed=seed, max_new_tokens=n, tree=tree)
+        assert got[ids[k]] == solo.tokens, f"row {k} differs from its solo run"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from typing import Any
 
 import click
 
@@ -117,11 +120,31 @@ def serve(
         max_tokens=max_tokens,
         shutdown_timeout=shutdown_timeout,
     )
-    app = create_app(pair.target, pair.draft, config)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(shutdown_timeout) + 1,
+    # The engine runs on the main thread and the HTTP server in a thread: torch forwards were
+    # measured ~1.6x slower in a worker thread on this CPU (docs/serve.md, "Threads").
+    app = create_app(pair.target, pair.draft, config, engine_thread=False)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=int(shutdown_timeout) + 1,
+        )
     )
+    web = threading.Thread(target=server.run, name="ersd-http", daemon=True)
+
+    def _exit(sig: int, frame: Any) -> None:  # first signal: graceful; second: immediate
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit)
+    web.start()
+    app.state.serving.run(keep_going=web.is_alive)
+    web.join(timeout=shutdown_timeout + 30)
+    if not server.started:
+        raise click.ClickException(
+            f"the HTTP server did not start on {host}:{port} (see the log above: a port in use?)"
+        )

@@ -304,8 +304,14 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
     yield {"data": "[DONE]"}
 
 
-def create_app(target: Any, draft: Any, config: ServeConfig) -> FastAPI:
-    """The ASGI app serving ``target`` (speculating with ``draft``) under ``config``."""
+def create_app(
+    target: Any, draft: Any, config: ServeConfig, *, engine_thread: bool = True
+) -> FastAPI:
+    """The ASGI app serving ``target`` (speculating with ``draft``) under ``config``.
+
+    ``engine_thread``: the app starts its serving loop in a background thread at start-up; with
+    False the caller runs ``app.state.serving.run()`` itself (``ersd serve`` does, on the main
+    thread)."""
     metrics = Metrics(config.model_name)
     serving = ServingLoop(
         target,
@@ -317,7 +323,8 @@ def create_app(target: Any, draft: Any, config: ServeConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        serving.start()
+        if engine_thread:
+            serving.start()
         yield
         await asyncio.to_thread(serving.close, config.shutdown_timeout)
 
@@ -380,7 +387,7 @@ def create_app(target: Any, draft: Any, config: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ok = serving._thread is not None and serving._thread.is_alive()
+        ok = serving.alive
         body = {
             "status": "ok" if ok else "unavailable",
             "running": serving.num_running,

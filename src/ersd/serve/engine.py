@@ -1,4 +1,5 @@
-"""The serving loop: one thread drives a :class:`~ersd.batch.BatchEngine` for every request.
+"""The serving loop: one thread drives a :class:`~ersd.batch.BatchEngine` for every request
+(``ersd serve``: the main thread, see :meth:`ServingLoop.run`).
 
 Requests are split into jobs (one per choice).  The HTTP side :meth:`ServingLoop.submit`\\ s jobs
 and :meth:`~ServingLoop.cancel`\\ s them (a finished stop string, a client gone); the loop thread
@@ -90,6 +91,7 @@ class ServingLoop:
         self._closing = False
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._looping = False
         self.steps = 0
         self.failures = 0
 
@@ -104,8 +106,16 @@ class ServingLoop:
         return len(self._running)
 
     def start(self) -> None:
+        """Run the loop in a background thread (embedding the app, tests)."""
         self._thread = threading.Thread(target=self._run, name="ersd-engine", daemon=True)
         self._thread.start()
+
+    def run(self, keep_going: Callable[[], bool] | None = None) -> None:
+        """Run the loop in the calling thread until :meth:`close` (or until ``keep_going()``
+        turns false, checked twice a second while idle).  ``ersd serve`` runs it on the main
+        thread and the HTTP server in a thread: on this CPU a torch forward in a worker thread
+        was measured ~1.6x slower than the same forward on the main thread (docs/serve.md)."""
+        self._run(keep_going)
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Queue the jobs of one request, all or none."""
@@ -150,11 +160,25 @@ class ServingLoop:
 
     # -- the loop thread -------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    @property
+    def alive(self) -> bool:
+        """Whether the loop is running (in its thread or in the thread that called :meth:`run`)."""
+        return self._looping
+
+    def _run(self, keep_going: Callable[[], bool] | None = None) -> None:
+        self._looping = True
+        try:
+            self._loop(keep_going)
+        finally:
+            self._looping = False
+
+    def _loop(self, keep_going: Callable[[], bool] | None) -> None:
         while True:
             with self._cond:
                 while not (self._stop or self._pending or self._running):
-                    self._cond.wait()
+                    if keep_going is not None and not keep_going():
+                        return
+                    self._cond.wait(timeout=0.5 if keep_going is not None else None)
                 if self._stop:
                     return
                 self._pending = deque(j for j in self._pending if not j.cancelled)

@@ -64,3 +64,23 @@ def test_settings_and_prompts() -> None:
         LoadSettings(concurrency=[])
     texts = load_prompts(45)  # more than the 40 bundled: cycled
     assert len(texts) == 45 and texts[40] == texts[0] and len(set(texts)) == 40
+
+
+def test_library_rows_run_the_same_requests_in_process(tmp_path: Path) -> None:
+    """--library: the concurrency-1 level through the library first (same prompts, seeds,
+    settings), then the server's rows."""
+    out = tmp_path / "serve.jsonl"
+    args = ["bench", "serve", *TOY, "--concurrency", "1", "--requests", "2", "--max-tokens", "4"]
+    res = CliRunner().invoke(main, [*args, "--library", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["mode"] for r in rows] == [
+        "library ersd chain:2",
+        "library target-only",
+        "ersd chain:2",
+        "target-only",
+    ]
+    for r in rows:
+        assert r["concurrency"] == 1 and r["requests"] == 2 and r["tokens"] == 8
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"])
+        assert 0 < r["ttft_mean_s"] <= r["latency_mean_s"]

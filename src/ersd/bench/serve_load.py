@@ -171,6 +171,74 @@ def run_load(
     return rows
 
 
+def library_rows(
+    target: Any, draft: Any, s: LoadSettings, *, server_tree: str = "multi:2x3"
+) -> list[dict[str, Any]]:
+    """The concurrency-1 level without a server: the same prompts, seeds and settings through
+    :func:`ersd.generate_stream` in this process (the library's batch-1 figure to hold the server
+    against).  TTFT is the time to the first step's tokens (prefill included); ITL as for the
+    server.  Run before the server starts, so the two never share the CPU."""
+    import ersd
+
+    texts = load_prompts(s.requests)
+    eos = list(getattr(target, "eos_token_ids", []) or []) or None
+    tok = target.tokenizer
+    rows: list[dict[str, Any]] = []
+    trees = (s.tree or server_tree, "none") if s.baseline else (s.tree or server_tree,)
+
+    def one(text: str, seed: int, tree: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = 0
+        stream = ersd.generate_stream(
+            target,
+            draft if tree != "none" else None,
+            tok.encode(text),
+            max_new_tokens=s.max_tokens,
+            method=s.method,
+            tree=tree if tree != "none" else "chain:1",
+            temperature=s.temperature,
+            seed=seed,
+            eos_token_id=eos,
+        )
+        for rec in stream:
+            now = time.perf_counter()
+            if rec.tokens:
+                first = first if first is not None else now
+                last = now
+            tokens += len(rec.tokens)
+        end = time.perf_counter()
+        ttft = (first if first is not None else end) - t0
+        itl = (last - first) / (tokens - 1) if first is not None and last and tokens > 1 else 0.0
+        return {"tokens": tokens, "ttft": ttft, "itl": itl, "latency": end - t0}
+
+    for i in range(s.warmup):
+        one(load_prompts(1)[0], 10_000 + i, trees[0])
+    for tree in trees:
+        t0 = time.perf_counter()
+        reqs = [one(texts[i], i, tree) for i in range(s.requests)]
+        wall = time.perf_counter() - t0
+        tokens = sum(int(r["tokens"]) for r in reqs)
+        mode = "target-only" if tree == "none" else f"{s.method} {tree}"
+        rows.append(
+            {
+                "mode": f"library {mode}",
+                "concurrency": 1,
+                "requests": len(reqs),
+                "tokens": tokens,
+                "wall_s": wall,
+                "tokens_per_s": tokens / wall,
+                "ttft_mean_s": statistics.mean(r["ttft"] for r in reqs),
+                "ttft_p50_s": statistics.median(r["ttft"] for r in reqs),
+                "itl_mean_s": statistics.mean(r["itl"] for r in reqs),
+                "latency_mean_s": statistics.mean(r["latency"] for r in reqs),
+                "tree": tree,
+                **{k: v for k, v in asdict(s).items() if k not in ("concurrency", "tree")},
+            }
+        )
+    return rows
+
+
 TABLE_HEADER = (
     f"{'mode':<28} {'C':>3} {'tok/s':>8} {'TTFT s':>7} {'ITL ms':>8} {'tokens':>7} {'wall s':>7}"
 )

@@ -294,6 +294,12 @@ def _concurrency(ctx: click.Context, param: click.Parameter, value: str) -> list
 )
 @click.option("--no-baseline", is_flag=True, help="Skip the target-only rows (tree 'none').")
 @click.option(
+    "--library",
+    is_flag=True,
+    help="Before starting the server, run the concurrency-1 level through the library in this "
+    "process (same prompts, seeds and settings): the batch-1 figure the server is held against.",
+)
+@click.option(
     "--startup-timeout",
     type=float,
     default=900.0,
@@ -319,6 +325,7 @@ def serve_load(
     temperature: float,
     warmup: int,
     no_baseline: bool,
+    library: bool,
     startup_timeout: float,
     out: str,
 ) -> None:
@@ -357,6 +364,18 @@ def serve_load(
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
         server = nullcontext(url) if url else local_server(serve_args, timeout=startup_timeout)
+        lib_rows: list[dict[str, Any]] = []
+        if library:  # before the server exists: the two never share the CPU
+            import gc
+
+            from ersd.bench.serve_load import library_rows
+            from ersd.commands._loading import load_pair
+
+            pair = load_pair(models)
+            _echo_err(f"[library run in this process: {pair.summary()}]")
+            lib_rows = library_rows(pair.target, pair.draft, settings)
+            del pair
+            gc.collect()
         with server as base, path.open("w") as f:
             _echo_err(f"[load test of {base}]")
             click.echo(TABLE_HEADER)
@@ -366,6 +385,8 @@ def serve_load(
                 f.write(json.dumps(row) + "\n")
                 f.flush()
 
+            for row in lib_rows:
+                on_row(row)
             run_load(base.rstrip("/").removesuffix("/v1"), settings, on_row=on_row)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None

@@ -173,6 +173,23 @@ def test_measured_step_times_correct_the_choice() -> None:
     assert c.timing["plain"].steps == 1
 
 
+def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_steps() -> None:
+    from ersd.auto import EXPLORE_AFTER
+
+    c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
+    shape = c.choose([1], batch=1)
+    assert shape is not None
+    target, draft = c._forward_parts(FLAT, shape, 1)
+    # a first step (its target forward includes the prompt) is not learned from
+    c.observe_times(1, draft, 50 * target, 60 * target, prefill=True)
+    assert c.timing["spec"].steps == 0
+    c.observe_times(1, draft, target, target + draft + 5.0)  # 5 s outside forwards: no drafting
+    decisions = [c.choose([1], batch=1) for _ in range(EXPLORE_AFTER + 1)]
+    assert all(d is None for d in decisions[:EXPLORE_AFTER])
+    assert decisions[EXPLORE_AFTER] is not None  # one exploring step with the best tree
+    assert c.choose([1], batch=1) is None  # then back to the decision the costs favour
+
+
 def test_step_timing_is_an_exponential_moving_average() -> None:
     from ersd.auto import TIMING_EMA, StepTiming
 

@@ -26,11 +26,16 @@ The cost curves are corrected online from the run's own steps (:class:`StepTimin
 of each measured target and draft forward time to its prediction, and the time per row outside
 the forwards, for drafting and non-drafting steps separately (exponential moving averages).  So
 the prediction includes the engine's own overhead and the real context length, and a tree that
-does not pay in this run gives way to a shorter one or to no drafting.
+does not pay in this run gives way to a shorter one or to no drafting.  Steps whose forwards
+included a prompt's prefill are not learned from; after :data:`EXPLORE_AFTER` steps in a row
+without drafting the best tree is drafted once, so drafting is re-measured (exploration).
 
 The choice depends only on the costs and on steps already verified, never on the current step's
 randomness, so every method stays exact and ERSD's text stays the target-only text (it is tree-
 and batch-invariant); other methods' tokens depend on the trees chosen, hence on the batch.
+
+(One module over the usual ~450 lines on purpose: the candidates, the online rank profile, the
+timing correction and exploration are one decision rule, read together.)
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
 MEASURE_PROMPT_TOKENS = 64
 #: weight of the newest step in the online timing correction (exponential moving average)
 TIMING_EMA = 0.25
+#: after this many steps in a row without drafting, draft the best tree once (exploration)
+EXPLORE_AFTER = 16
 _CACHE_ATTR = "_ersd_cost_curves"
 _FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
 _MEASUREMENTS = [0]  # cost measurements so far (a step during which one ran is not learned from)
@@ -318,6 +325,7 @@ class TreeChooser:
         self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
         self._epoch = _MEASUREMENTS[0]
+        self._plain_run = 0  # steps in a row without drafting
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -379,9 +387,12 @@ class TreeChooser:
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
         ``batch`` live rows; the decision is kept in :attr:`last`."""
-        if self._decided is not None and self._decided[0] == (batch, self._learned):
-            self._chosen = (self._chosen[0], self._decided[1], batch) if self._chosen else None
-            return self._decided[1]  # nothing learned since the same decision at this batch
+        explore = self._plain_run >= EXPLORE_AFTER
+        cached = self._decided  # kept while nothing was learned (unless it is time to explore)
+        fresh = cached is not None and cached[0] == (batch, self._learned)
+        if cached is not None and fresh and not (explore and cached[1] is None):
+            self._chosen = (self._chosen[0], cached[1], batch) if self._chosen else None
+            return self._count(cached[1])
         costs = self.costs_at(context, batch)
         probs = self.depth_probs()
         plain = self._plain_rate(costs, batch)
@@ -391,6 +402,8 @@ class TreeChooser:
             if rate > best_rate:
                 best_spec, best_shape, best_rate = spec, shape, rate
         drafts = best_shape is not None and best_rate > plain
+        exploring = not drafts and best_shape is not None and explore
+        drafts = drafts or exploring  # exploration: measure drafting again (profile, step time)
         self.last = Choice(
             tree=best_spec if drafts and best_spec else "none",
             predicted=best_rate if drafts else plain,
@@ -400,16 +413,23 @@ class TreeChooser:
             batch=batch,
         )
         chosen = best_shape if drafts else None
-        self._decided = ((batch, self._learned), chosen)
+        self._decided = None if exploring else ((batch, self._learned), chosen)
         self._chosen = (costs, chosen, batch)
+        return self._count(chosen)
+
+    def _count(self, chosen: TreeShape | None) -> TreeShape | None:
+        self._plain_run = 0 if chosen is not None else self._plain_run + 1
         return chosen
 
-    def observe_times(self, batch: int, draft: float, target: float, total: float) -> None:
+    def observe_times(
+        self, batch: int, draft: float, target: float, total: float, *, prefill: bool = False
+    ) -> None:
         """Learn the step time of the step just verified (``batch`` rows; its draft and target
-        forward seconds and its total seconds) for the online correction; a step during which
-        cost curves were measured is skipped."""
+        forward seconds and its total seconds) for the online correction.  Skipped: a step
+        during which cost curves were measured, and one whose forwards included a prompt's
+        prefill (``prefill``: a sequence's first step, a row joining the batch)."""
         epoch, self._epoch = self._epoch, _MEASUREMENTS[0]
-        if self._chosen is None or epoch != _MEASUREMENTS[0] or batch < 1:
+        if self._chosen is None or epoch != _MEASUREMENTS[0] or batch < 1 or prefill:
             return
         costs, shape, b = self._chosen
         if b != batch:
@@ -438,6 +458,7 @@ class TreeChooser:
 
 __all__ = [
     "CHAIN_LENGTHS",
+    "EXPLORE_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
     "TREE_SIZES",

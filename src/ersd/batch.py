@@ -198,6 +198,7 @@ class BatchEngine:
         rows = list(self._rows.values())
         if not rows:
             return []
+        prefill = any(r.seq.steps == 0 for r in rows)  # a row's first step feeds its prompt
         started = time.perf_counter()
         proposals, depths, draft_time = self._propose(rows)
         t0 = time.perf_counter()
@@ -233,7 +234,9 @@ class BatchEngine:
         for row in rows:  # tree="auto": correct each chooser's cost model by this step's time
             if row.settings.chooser is not None:
                 t = self.last_step
-                row.settings.chooser.observe_times(len(rows), t.draft, t.target, t.total)
+                row.settings.chooser.observe_times(
+                    len(rows), t.draft, t.target, t.total, prefill=prefill
+                )
         return out
 
     def _propose(self, rows: list[Row]) -> tuple[list[Proposal], list[int], float]:

@@ -217,7 +217,9 @@ def step(settings: Settings, seq: SequenceState) -> StepRecord:
     logits, target_time = score(settings, seq, proposal.tree)
     rec = settle(settings, seq, proposal, depth, logits, target_time=target_time, started=started)
     if settings.chooser is not None:  # tree="auto": correct its cost model by this step's time
-        settings.chooser.observe_times(1, rec.draft_time, rec.target_time, rec.total_time)
+        settings.chooser.observe_times(
+            1, rec.draft_time, rec.target_time, rec.total_time, prefill=rec.step == 0
+        )
     return rec
 
 

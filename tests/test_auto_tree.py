@@ -190,6 +190,23 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     assert c.choose([1], batch=1) is None  # then back to the decision the costs favour
 
 
+def test_a_batch_step_is_costed_by_its_largest_tree_not_by_this_rows_choice() -> None:
+    """In a batch the forwards are shared: a row that chose a small tree (or none) must compare
+    the step's time with the prediction for the largest tree drafted in it."""
+    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
+    c.choose([1], batch=4)
+    big = TreeShape.chain(8)
+    target, draft = c._forward_parts(LINEAR, big, 4)
+    c.observe_times(4, draft, target, target + draft, step=big)  # as predicted for the big tree
+    spec = c.timing["spec"]
+    assert spec.steps == 1 and spec.target_ratio == pytest.approx(1.0)
+    assert spec.draft_ratio == pytest.approx(1.0)
+    c.choose([1], batch=4)
+    plain = LINEAR.target_cost(1, 4)
+    c.observe_times(4, 0.0, 2 * plain, 2 * plain, step=None)  # no row drafted: a plain step
+    assert c.timing["plain"].steps == 1 and c.timing["plain"].target_ratio == pytest.approx(2.0)
+
+
 def test_step_timing_is_an_exponential_moving_average() -> None:
     from ersd.auto import TIMING_EMA, StepTiming
 

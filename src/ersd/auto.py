@@ -422,18 +422,29 @@ class TreeChooser:
         return chosen
 
     def observe_times(
-        self, batch: int, draft: float, target: float, total: float, *, prefill: bool = False
+        self,
+        batch: int,
+        draft: float,
+        target: float,
+        total: float,
+        *,
+        prefill: bool = False,
+        step: TreeShape | bool | None = False,
     ) -> None:
         """Learn the step time of the step just verified (``batch`` rows; its draft and target
-        forward seconds and its total seconds) for the online correction.  Skipped: a step
-        during which cost curves were measured, and one whose forwards included a prompt's
-        prefill (``prefill``: a sequence's first step, a row joining the batch)."""
+        forward seconds and its total seconds) for the online correction.  ``step``: in a
+        batch, the largest tree any row drafted (None: no row drafted) — the shared forwards
+        cost what it costs, whatever this row chose; by default this row's own choice.
+        Skipped: a step during which cost curves were measured, and one whose forwards included
+        a prompt's prefill (``prefill``: a sequence's first step, a row joining the batch)."""
         epoch, self._epoch = self._epoch, _MEASUREMENTS[0]
         if self._chosen is None or epoch != _MEASUREMENTS[0] or batch < 1 or prefill:
             return
         costs, shape, b = self._chosen
         if b != batch:
             return
+        if step is not False:
+            shape = step if isinstance(step, TreeShape) else None
         overhead = max(total - draft - target, 0.0) / batch
         if shape is None:
             predicted_target = costs.target_cost(1, batch)

@@ -43,6 +43,7 @@ from ersd.models.batch import score_many
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise, _mix64
 from ersd.results import GenerationResult, StepRecord
+from ersd.tree import TreeShape
 from ersd.validation import check_seed
 
 _MASK64 = (1 << 64) - 1
@@ -140,6 +141,7 @@ class BatchEngine:
         self._rows: dict[int, Row] = {}
         self._ids = itertools.count()
         self.last_step = StepTimes()
+        self._widest: TreeShape | None = None  # the largest tree of the current step
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -199,6 +201,7 @@ class BatchEngine:
         if not rows:
             return []
         prefill = any(r.seq.steps == 0 for r in rows)  # a row's first step feeds its prompt
+        self._widest = None  # set by _propose
         started = time.perf_counter()
         proposals, depths, draft_time = self._propose(rows)
         t0 = time.perf_counter()
@@ -235,7 +238,7 @@ class BatchEngine:
             if row.settings.chooser is not None:
                 t = self.last_step
                 row.settings.chooser.observe_times(
-                    len(rows), t.draft, t.target, t.total, prefill=prefill
+                    len(rows), t.draft, t.target, t.total, prefill=prefill, step=self._widest
                 )
         return out
 
@@ -252,6 +255,11 @@ class BatchEngine:
                 proposals[i] = Proposal(DraftTree.empty(row.seq.key))
                 continue
             depths[i] = shape.depth
+            if self._widest is None or (shape.num_nodes, shape.depth) > (
+                self._widest.num_nodes,
+                self._widest.depth,
+            ):
+                self._widest = shape  # the step's largest tree: what its forwards cost
             s = row.settings
             if isinstance(drafter, ModelDraftSession) and isinstance(self.drafter, ModelDrafter):
                 growing[i] = drafter.grow(shape, row.seq.key, s.rule, s.params, s.noise)

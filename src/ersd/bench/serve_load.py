@@ -103,10 +103,7 @@ def one_request(
             last = now
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-    end = time.perf_counter()
-    ttft = (first if first is not None else end) - t0
-    itl = (last - first) / (tokens - 1) if first is not None and last and tokens > 1 else 0.0
-    return {"tokens": tokens, "ttft": ttft, "itl": itl, "latency": end - t0}
+    return request_times(t0, first, last, tokens, time.perf_counter())
 
 
 def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None) -> dict[str, Any]:
@@ -125,10 +122,17 @@ def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None
         with ThreadPoolExecutor(conc) as pool:
             reqs = [r for rs in pool.map(run_client, range(conc)) for r in rs]
         wall = time.perf_counter() - t0
-    tokens = sum(int(r["tokens"]) for r in reqs)
     return {
         "mode": "target-only" if tree == "none" else f"{s.method} {tree or '(server tree)'}",
         "concurrency": conc,
+        **level_stats(reqs, wall),
+    }
+
+
+def level_stats(reqs: list[dict[str, float]], wall: float) -> dict[str, Any]:
+    """The measured fields of one level: its requests' tokens, throughput, TTFT, ITL, latency."""
+    tokens = sum(int(r["tokens"]) for r in reqs)
+    return {
         "requests": len(reqs),
         "tokens": tokens,
         "wall_s": wall,
@@ -138,6 +142,15 @@ def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None
         "itl_mean_s": statistics.mean(r["itl"] for r in reqs),
         "latency_mean_s": statistics.mean(r["latency"] for r in reqs),
     }
+
+
+def request_times(
+    t0: float, first: float | None, last: float | None, tokens: int, end: float
+) -> dict[str, float]:
+    """One request's tokens, TTFT, mean ITL and latency from its timestamps (seconds)."""
+    ttft = (first if first is not None else end) - t0
+    itl = (last - first) / (tokens - 1) if first is not None and last and tokens > 1 else 0.0
+    return {"tokens": tokens, "ttft": ttft, "itl": itl, "latency": end - t0}
 
 
 def run_load(
@@ -207,10 +220,7 @@ def library_rows(
                 first = first if first is not None else now
                 last = now
             tokens += len(rec.tokens)
-        end = time.perf_counter()
-        ttft = (first if first is not None else end) - t0
-        itl = (last - first) / (tokens - 1) if first is not None and last and tokens > 1 else 0.0
-        return {"tokens": tokens, "ttft": ttft, "itl": itl, "latency": end - t0}
+        return request_times(t0, first, last, tokens, time.perf_counter())
 
     for i in range(s.warmup):
         one(load_prompts(1)[0], 10_000 + i, trees[0])
@@ -218,20 +228,12 @@ def library_rows(
         t0 = time.perf_counter()
         reqs = [one(texts[i], i, tree) for i in range(s.requests)]
         wall = time.perf_counter() - t0
-        tokens = sum(int(r["tokens"]) for r in reqs)
         mode = "target-only" if tree == "none" else f"{s.method} {tree}"
         rows.append(
             {
                 "mode": f"library {mode}",
                 "concurrency": 1,
-                "requests": len(reqs),
-                "tokens": tokens,
-                "wall_s": wall,
-                "tokens_per_s": tokens / wall,
-                "ttft_mean_s": statistics.mean(r["ttft"] for r in reqs),
-                "ttft_p50_s": statistics.median(r["ttft"] for r in reqs),
-                "itl_mean_s": statistics.mean(r["itl"] for r in reqs),
-                "latency_mean_s": statistics.mean(r["latency"] for r in reqs),
+                **level_stats(reqs, wall),
                 "tree": tree,
                 **{k: v for k, v in asdict(s).items() if k not in ("concurrency", "tree")},
             }

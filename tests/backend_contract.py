@@ -87,17 +87,22 @@ class Driver:
         assert err <= self.case.atol, f"{self.case.id}: row for {seq[-6:]} off by {err:.3g}"
 
     def score(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        first = len(self.ptok)
         rows = self.session.score(tokens, parents)
         assert rows.shape == (1 + len(tokens), self.model.vocab_size)
         assert rows.is_floating_point()
+        self.check_scored(tokens, parents, rows)
+        return rows
+
+    def check_scored(self, tokens: list[int], parents: list[int], rows: torch.Tensor) -> None:
+        """Record a score call's new nodes and check its rows (the committed sequence's next
+        token, then each new node's path) and the cache against per-path references."""
+        first = len(self.ptok)
         self.ptok += tokens
         self.ppar += parents
         self.expect(rows[0], list(self.session.committed))
         for i in range(len(tokens)):
             self.expect(rows[1 + i], self.seq(first + i))
         self.check_cache(pending=len(self.ptok))
-        return rows
 
     def commit(self, tokens: list[int], path: list[int]) -> None:
         before = list(self.session.committed)

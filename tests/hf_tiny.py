@@ -51,6 +51,18 @@ def tiny_model(
     return model.eval()
 
 
+def tiny_pair() -> tuple[Any, Any]:
+    """A tiny Llama target and a related draft (the target's first layer only, sharing its
+    embedding and head), both as ersd ``HFModel`` s in float32."""
+    from ersd.models.hf import from_pretrained_model
+
+    target = from_pretrained_model(tiny_model("llama", 0))
+    torch.manual_seed(0)
+    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
+    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
+    return target, from_pretrained_model(draft_model.eval())
+
+
 def plain_logits(model: Any, seq: list[int]) -> torch.Tensor:
     """Next-token logits after ``seq`` from a plain forward without cache."""
     with torch.no_grad():

@@ -12,25 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 import ersd
 from ersd.batch import BatchEngine
-from ersd.models.hf import HFModel, from_pretrained_model
-from tests.hf_tiny import tiny_config, tiny_model
+from ersd.models.hf import HFModel
+from tests.hf_tiny import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[HFModel, HFModel]:
-    from transformers import AutoModelForCausalLM
-
-    target = from_pretrained_model(tiny_model("llama", 0))
-    torch.manual_seed(0)
-    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
-    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
-    return target, from_pretrained_model(draft_model.eval())
+    return tiny_pair()  # type: ignore[no-any-return]
 
 
 PROMPTS = [[5, 17, 42], [7], [100, 3, 9, 250, 11, 12, 13, 14, 15, 16, 17], [31, 4]]

@@ -19,14 +19,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM
 
 import ersd
 from ersd.errors import GenerationInputError
 from ersd.models.hf import HFModel, HFSession, from_pretrained_model
 from tests.backend_contract import random_parents as random_tree
 from tests.backend_contract import random_path
-from tests.hf_tiny import V, plain_logits, tiny_config, tiny_model, word_tokenizer
+from tests.hf_tiny import V, plain_logits, tiny_model, tiny_pair, word_tokenizer
 
 ATOL = 1e-4
 
@@ -190,12 +189,7 @@ def test_architecture_without_custom_masks_falls_back_once(ignore: bool) -> None
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[HFModel, HFModel]:
-    target = from_pretrained_model(tiny_model("llama", 0))
-    # a related draft: the target's first layer only (shares the embedding and head)
-    torch.manual_seed(0)
-    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
-    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
-    return target, from_pretrained_model(draft_model.eval())
+    return tiny_pair()  # type: ignore[no-any-return]
 
 
 TREE_SPECS = ["chain:3", "multi:2x2", "paths:[[0],[1],[0,0],[1,0],[0,0,0]]"]

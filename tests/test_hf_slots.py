@@ -20,10 +20,10 @@ import torch
 import ersd
 from ersd.batch import BatchEngine
 from ersd.models.batch import score_many
-from ersd.models.hf import HFModel, from_pretrained_model
+from ersd.models.hf import HFModel
 from ersd.models.hf_slots import slot_store
 from tests.backend_contract import BackendCase, Driver, random_parents, random_path
-from tests.hf_tiny import tiny_config, tiny_model
+from tests.hf_tiny import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,13 +36,7 @@ def hf_reference(model: Any, seq: list[int]) -> torch.Tensor:
 @pytest.fixture
 def pair() -> tuple[HFModel, HFModel]:
     """Fresh models per test: each test sees its own slot storage."""
-    from transformers import AutoModelForCausalLM
-
-    target = from_pretrained_model(tiny_model("llama", 0))
-    torch.manual_seed(0)
-    draft_model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
-    draft_model.load_state_dict(target.hf_module.state_dict(), strict=False)
-    return target, from_pretrained_model(draft_model.eval())
+    return tiny_pair()  # type: ignore[no-any-return]
 
 
 def live_slots(model: HFModel) -> int:
@@ -73,17 +67,11 @@ def test_rows_equal_per_path_forwards_through_joins_leaves_and_compaction(pair) 
         for drv in part:
             par = random_parents(rng, len(drv.ptok), rng.randrange(0, 5))
             calls.append(([drv.token(rng) for _ in par], par))
-        firsts = [len(d.ptok) for d in part]
         outs = score_many(target, [d.session for d in part], calls)
         slots = sorted(d.session._slot.slot for d in part if d.session._slot is not None)
         assert slots == list(range(slots[0], slots[0] + len(slots))) if slots else True
-        for drv, (tokens, parents), first, rows in zip(part, calls, firsts, outs, strict=True):
-            drv.ptok += tokens
-            drv.ppar += parents
-            drv.expect(rows[0], list(drv.session.committed))
-            for i in range(len(tokens)):
-                drv.expect(rows[1 + i], drv.seq(first + i))
-            drv.check_cache(pending=len(drv.ptok))
+        for drv, (tokens, parents), rows in zip(part, calls, outs, strict=True):
+            drv.check_scored(tokens, parents, rows)
             ref = drv.session._slot
             if ref is not None:
                 assert ref.length == drv.session.cache_length

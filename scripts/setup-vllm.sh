@@ -30,7 +30,7 @@ for bad in ("torchvision", "torchaudio", "torchcodec"):
         pass
 eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
 assert "ersd" in eps, "entry point"
-import ersd, openai, pytest, transformers  # noqa: F401
+import ersd, openai, pytest, pytest_timeout, transformers  # noqa: F401
 PY
 }
 if ready; then

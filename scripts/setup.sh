@@ -25,7 +25,7 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2
   echo "== installing torch 2.13.0 (CPU wheel)"
   pip_q "torch==2.13.0"
 fi
-CHECK="import ersd, transformers, pytest, xdist, fastapi, uvicorn, sse_starlette, openai, prometheus_client"
+CHECK="import ersd, transformers, pytest, pytest_timeout, xdist, fastapi, uvicorn, sse_starlette, openai, prometheus_client"
 if ! python -c "$CHECK" 2>/dev/null; then
   echo "== installing ersd with its hf, serve and dev extras"
   pip_q -e ".[hf,serve,dev]"

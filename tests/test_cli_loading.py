@@ -84,12 +84,24 @@ def test_llamacpp_refuses_draft_layers_before_loading() -> None:
 
 def test_serve_builds_its_app_through_the_shared_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     """`ersd serve --draft lookup+toy-draft` (a drafter spec serve could not take before): the app
-    gets the hybrid drafter; uvicorn.run is replaced so no port is opened."""
+    gets the hybrid drafter; uvicorn.Server is replaced so no port is opened (its run() returns
+    at once, so the engine loop on the main thread sees the HTTP thread end and stops)."""
     pytest.importorskip("uvicorn")
     import uvicorn
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+
+    class FakeServer:
+        started = True
+        should_exit = force_exit = False
+
+        def __init__(self, config: Any) -> None:
+            seen.update(app=config.app, port=config.port)
+
+        def run(self) -> None:
+            seen["ran"] = True
+
+    monkeypatch.setattr(uvicorn, "Server", FakeServer)
     args = ["serve", "--target", "toy", "--draft", "lookup+toy-draft", "--tree", "chain:3"]
     res = CliRunner().invoke(main, [*args, "--port", "8123"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -97,6 +109,6 @@ def test_serve_builds_its_app_through_the_shared_loader(monkeypatch: pytest.Monk
     assert type(app.state.draft).__name__ == "HybridDrafter"
     config = app.state.config
     assert config.tree == ersd.parse_tree("chain:3") and config.model_name == "toy"
-    assert seen["port"] == 8123 and "draft lookup+toy-draft" in res.stderr
+    assert seen["port"] == 8123 and seen["ran"] and "draft lookup+toy-draft" in res.stderr
     res = CliRunner().invoke(main, ["serve", "--target", "toy", "--draft", "lookup:bogus=1"])
     assert res.exit_code == 1 and "bogus" in res.output

@@ -139,11 +139,14 @@ def serve(
             server.force_exit = True
         server.should_exit = True
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit)
-    web.start()
-    app.state.serving.run(keep_going=web.is_alive)
-    web.join(timeout=shutdown_timeout + 30)
+    previous = {sig: signal.signal(sig, _exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        web.start()
+        app.state.serving.run(keep_going=web.is_alive)
+        web.join(timeout=shutdown_timeout + 30)
+    finally:  # a caller in the same process (tests, notebooks) gets its own handlers back
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:
         raise click.ClickException(
             f"the HTTP server did not start on {host}:{port} (see the log above: a port in use?)"

@@ -32,6 +32,7 @@ a JSON summary.  ``--smoke`` runs a tiny version (SmolLM2, few tokens) to check 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 import sys
@@ -78,10 +79,34 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def run_llama(llm: Any, prompt: list[int], n: int) -> tuple[int, float]:
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (``None`` when equal)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def mean_interval(xs: list[float]) -> list[float]:
+    """Mean and Student-t 95% interval (``[mean]`` alone for fewer than 2 values)."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return [round(m, 2)]
+    from scipy import stats
+
+    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
+    return [round(m, 2), round(m - h, 2), round(m + h, 2)]
+
+
+def run_llama(llm: Any, prompt: list[int], n: int, temp: float, seed: int) -> tuple[int, float]:
     llm.reset()
     t0 = time.perf_counter()
-    out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
+    if temp > 0:  # llama.cpp's own sampler chain, with every truncation off
+        out = llm.create_completion(
+            prompt, max_tokens=n, temperature=temp, top_k=0, top_p=1.0, min_p=0.0, seed=seed
+        )
+    else:
+        out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
     return int(out["usage"]["completion_tokens"]), time.perf_counter() - t0
 
 
@@ -105,6 +130,23 @@ def main() -> None:
     ap.add_argument("--chains", default="1,2,3,4", help="chain lengths; '' for none")
     ap.add_argument("--lookup", default="2,4")
     ap.add_argument("--repeats", type=int, default=5, help="timings per cost-curve point")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy (default); > 0 samples (round r uses seed r, llama.cpp its own sampler)",
+    )
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated name patterns (fnmatch) of the configs to run, e.g. 'ersd-*-fast'",
+    )
+    ap.add_argument(
+        "--decompose",
+        action="store_true",
+        help="also measure the cost curve of a fast-policy target that is not repacked "
+        "(exact = no repack + Q8_0 cache; this separates the two costs)",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -148,7 +190,11 @@ def main() -> None:
     calib_ids = [encode_prompt(target.tokenizer, p, "auto", 512) for p in calib]
 
     curves = {}
-    for policy, tmodel in (("exact", target), ("fast", target_fast)):
+    policies = [("exact", target), ("fast", target_fast)]
+    if args.decompose:
+        nrp = ersd.load_model(args.target, exact=False, repack=False, **load)
+        policies.append(("fast-norepack", nrp))
+    for policy, tmodel in policies:
         costs = cost_curve(tmodel, draft_model, ids[0], args.repeats)
         curves[policy] = costs
         emit(
@@ -204,10 +250,24 @@ def main() -> None:
         tree = auto[policy]["tree"]
         configs.append((f"ersd-{tag}auto-{policy}", (tm, None if tree == "none" else draft, tree)))
 
-    reference: dict[int, list[int]] = {}
+    if args.configs:
+        pats = [p.strip() for p in args.configs.split(",") if p.strip()]
+        # ersd's target-only decoding always runs: it is the text the others are compared with
+        configs = [
+            c
+            for c in configs
+            if c[0].startswith("ersd-none") or any(fnmatch.fnmatchcase(c[0], p) for p in pats)
+        ]
+        if not configs:
+            sys.exit(f"--configs {args.configs!r} matches no config")
+    temp = args.temperature
+    # the text each policy's target-only decoding gave, per (prompt, round): every exact config
+    # must equal it bit for bit; a fast config differs only where a near-tie flips between
+    # kernel paths (its records count how often, and from which token)
+    reference: dict[tuple[str, int, int], list[int]] = {}
     for name, obj in configs:  # warm-up
         if name.startswith("llama"):
-            run_llama(obj, ids[0][:16], 2)
+            run_llama(obj, ids[0][:16], 2, temp, 0)
         else:
             # tree="auto" measures its cost curves here, once per model, not in a timed run
             tree = obj[2] if obj[1] is not None else "chain:1"
@@ -216,7 +276,7 @@ def main() -> None:
         for i, prompt in enumerate(ids):
             for name, obj in configs:
                 if name.startswith("llama"):
-                    n, secs = run_llama(obj, prompt, args.tokens)
+                    n, secs = run_llama(obj, prompt, args.tokens, temp, rnd)
                     rec: dict[str, Any] = {"tokens": n}
                 else:
                     tm, dm, tree = obj
@@ -225,16 +285,20 @@ def main() -> None:
                         dm,
                         prompt,
                         max_new_tokens=args.tokens,
-                        temperature=0.0,
+                        temperature=temp,
+                        seed=rnd,
                         tree=tree if dm is not None else "chain:1",
                     )
                     n, secs = len(res.tokens), res.wall_time
                     rec = {"tokens": n, "block_efficiency": res.block_efficiency}
                     if tree == "auto":  # what it chose and why (e.g. no drafting)
                         rec["auto"] = res.auto_summary
-                    if tm is target:  # exact policy: every config must give the same text
-                        ref = reference.setdefault(i, res.tokens)
-                        rec["identical_to_first_exact"] = ref == res.tokens
+                    policy = "exact" if tm is target else "fast"
+                    ref = reference.setdefault((policy, i, rnd), res.tokens)
+                    diff = first_difference(ref, res.tokens)
+                    rec["policy"] = policy
+                    rec["identical_to_target_only"] = diff is None
+                    rec["first_difference"] = diff
                 emit(
                     {
                         "kind": "run",
@@ -251,13 +315,24 @@ def main() -> None:
         "draft": args.draft,
         "sets": args.sets,
     }
+    summary["temperature"] = temp
     for name, _ in configs:
         rates = [r["tokens_per_second"] for r in records if r.get("config") == name]
-        summary[name] = round(statistics.median(rates), 2)
+        summary[name] = {
+            "median": round(statistics.median(rates), 2),
+            "mean_ci": mean_interval(rates),
+        }
     summary["auto"] = {p: a["tree"] for p, a in auto.items()}
-    summary["exact_identical"] = all(
-        r.get("identical_to_first_exact", True) for r in records if r["kind"] == "run"
-    )
+    runs = [r for r in records if r["kind"] == "run" and "policy" in r]
+    # the reference of each (prompt, round) is the policy's target-only decoding (ersd-none-*)
+    for policy in ("exact", "fast"):
+        cmp = [r for r in runs if r["policy"] == policy and not r["config"].startswith("ersd-none")]
+        if not cmp:
+            continue
+        flips = [r for r in cmp if not r["identical_to_target_only"]]
+        summary[f"{policy}_identical"] = f"{len(cmp) - len(flips)}/{len(cmp)}"
+        summary[f"{policy}_first_difference"] = sorted(r["first_difference"] for r in flips)
+        summary[f"{policy}_tokens_compared"] = sum(r["tokens"] for r in cmp)
     summary["cost_curve_ms"] = {
         p: {
             "target": [round(1e3 * t, 1) for t in c.target],

@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--tree", default="chain:4")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--dump", default=None, help="also save the cProfile stats to this file")
     args = ap.parse_args()
     target = ersd.load_model(args.target, dtype="float32")
     draft = ersd.load_model(args.draft, dtype="int8")
@@ -46,6 +47,8 @@ def main() -> None:
         f"({tf / wall:.1%}), draft forwards {df:.1f}s ({df / wall:.1%}), other "
         f"{wall - tf - df:.2f}s ({(wall - tf - df) / wall:.1%})"
     )
+    if args.dump:
+        prof.dump_stats(args.dump)
     st = pstats.Stats(prof)
     st.sort_stats("cumulative").print_stats(args.top)
     st.sort_stats("tottime").print_stats(args.top)

@@ -106,3 +106,43 @@ def test_bad_vocab_size() -> None:
 
 def test_stream_constants_are_distinct() -> None:
     assert STREAM_RACE != STREAM_DRAFT
+
+
+def test_ranking_of_one_takes_the_same_token_as_the_general_path() -> None:
+    """race_ranking(.., 1) has its own argmin path (a chain's node); it must agree with the
+    top-m path's first token, ties (lowest id first) and zero-mass tokens included."""
+    noise = RaceNoise(6)
+    gen = torch.Generator().manual_seed(5)
+    for i in range(300):
+        p = torch.rand(6, generator=gen, dtype=torch.float64)
+        p[torch.rand(6, generator=gen) < 0.3] = 0.0
+        if i % 3 == 0:  # exact ties of the score: equal mass, equal draws
+            p[:] = 1.0
+        e = noise.exponentials(root_key(2, [i]))
+        if i % 3 == 0:
+            e = torch.ones(6, dtype=torch.float64)
+        if p.sum() == 0:
+            assert race_ranking(p, e, 1) == [] == race_ranking(p, e, 3)
+            continue
+        assert race_ranking(p, e, 1) == race_ranking(p, e, 3)[:1] == [race_winner(p, e)]
+
+
+def test_prefetch_draws_exactly_the_races_drawn_one_by_one() -> None:
+    """RaceNoise.prefetch (two threads) fills the cache with the same values exponentials()
+    draws on demand, skips cached keys, and keeps the cache bounded."""
+    keys = [root_key(3, [i]) for i in range(10)]
+    ref = RaceNoise(1000)
+    want = {k: ref.exponentials(k).clone() for k in keys}
+    noise = RaceNoise(1000, cache_size=8)
+    first = noise.exponentials(keys[0])
+    noise.prefetch(keys[:6] + keys[:2])  # duplicates and a cached key
+    assert noise.exponentials(keys[0]) is first  # not redrawn
+    for k in keys[:6]:
+        assert torch.equal(noise.exponentials(k), want[k])
+    noise.prefetch(keys)
+    assert len(noise._cache) == 8  # bounded: the oldest went
+    for k in keys:
+        assert torch.equal(noise.exponentials(k), want[k])
+    other = RaceNoise(1000).exponentials(keys[1], STREAM_DRAFT)
+    noise.prefetch(keys[:3], STREAM_DRAFT)
+    assert torch.equal(noise.exponentials(keys[1], STREAM_DRAFT), other)

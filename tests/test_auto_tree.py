@@ -346,6 +346,34 @@ def test_generate_batch_auto_is_batch_invariant(pair) -> None:
     assert [r.auto_choices for r in again] == [r.auto_choices for r in batch]
 
 
+def test_rows_with_the_same_auto_settings_decide_together(pair) -> None:
+    """In a batch, rows whose auto settings match share one chooser, so every step drafts one
+    tree for all of them (a mixed step pays for the widest tree without each row drafting it);
+    rows with other settings (here another temperature) keep their own."""
+    target, draft = pair
+    auto = AutoTree(costs=LINEAR)
+    engine = ersd.BatchEngine(target, draft)
+    same = [
+        engine.add(p, max_new_tokens=16, seed=i, tree=auto) for i, p in enumerate([[1], [2, 3]])
+    ]
+    same.append(engine.add([4, 5, 6], max_new_tokens=16, seed=7, tree=auto))
+    other = engine.add([1, 2], max_new_tokens=16, seed=1, tree=auto, temperature=0.5)
+    rows = engine._rows
+    assert len({id(rows[r].settings.chooser) for r in same}) == 1
+    assert rows[other].settings.chooser is not rows[same[0]].settings.chooser
+    trees: dict[int, list[str]] = {r: [] for r in [*same, other]}
+    for _ in range(40):
+        if not len(engine):
+            break
+        for rid, rec, _done in engine.step():
+            trees[rid].append(rec.choice["tree"])
+    assert not len(engine)
+    n = min(len(trees[r]) for r in same)
+    assert n >= 3
+    for i in range(n):  # the steps all three rows took part in: one tree each time
+        assert len({trees[r][i] for r in same}) == 1, [trees[r][i] for r in same]
+
+
 def test_calibration_file_gives_profile_and_costs(tmp_path, pair) -> None:
     target, draft = pair
     prof = RankProfile.from_ranks([1] * 80 + [2] * 10 + [3] * 10, vocab_size=V)

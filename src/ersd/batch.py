@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -142,6 +142,7 @@ class BatchEngine:
         self._ids = itertools.count()
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
+        self._choosers: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # tree="auto" groups
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -177,10 +178,36 @@ class BatchEngine:
             eos_token_id=eos_token_id,
             noise=self.noise,
         )
+        if settings.chooser is not None:  # tree="auto": one chooser per group of like rows
+            settings = replace(settings, chooser=self._shared_chooser(settings))
         seq = start_sequence(self.target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
         rid = next(self._ids)
         self._rows[rid] = Row(rid, settings, seq)
         return rid
+
+    def _shared_chooser(self, settings: Settings) -> Any:
+        """The chooser of the rows whose ``tree="auto"`` decision this row shares.
+
+        The shared forwards of a step cost what its largest tree costs, so rows choosing apart
+        give mixed steps (some rows drafting, others paying for it without drafting) that no
+        row's prediction describes.  Rows with the same method, rule, temperature and auto
+        settings therefore share one chooser: one decision per step for all of them, learned
+        from all their verified steps (a pooled acceptance profile) and the step's time."""
+        chooser = settings.chooser
+        auto = chooser.auto
+        profile = auto.profile if isinstance(auto.profile, str) else id(auto.profile)
+        key = (
+            settings.method.name,
+            settings.rule.name,
+            settings.params.temperature,
+            auto.spec,
+            profile,
+            id(auto.costs),
+            auto.max_nodes,
+        )
+        if key not in self._choosers:  # the engine holds its auto objects; ids stay unique
+            self._choosers[key] = (chooser, auto)
+        return self._choosers[key][0]
 
     def cancel(self, rid: int) -> None:
         """Drop a request now (its sessions and caches are freed)."""
@@ -234,12 +261,14 @@ class BatchEngine:
             target=target_time,
             total=time.perf_counter() - started,
         )
-        for row in rows:  # tree="auto": correct each chooser's cost model by this step's time
-            if row.settings.chooser is not None:
-                t = self.last_step
-                row.settings.chooser.observe_times(
-                    len(rows), t.draft, t.target, t.total, prefill=prefill, step=self._widest
-                )
+        # tree="auto": correct each chooser's cost model by this step's time, once per chooser
+        choosers = {id(r.settings.chooser): r.settings.chooser for r in rows}
+        choosers.pop(id(None), None)
+        for chooser in choosers.values():
+            t = self.last_step
+            chooser.observe_times(
+                len(rows), t.draft, t.target, t.total, prefill=prefill, step=self._widest
+            )
         return out
 
     def _propose(self, rows: list[Row]) -> tuple[list[Proposal], list[int], float]:
@@ -248,8 +277,15 @@ class BatchEngine:
         proposals: list[Proposal | None] = [None] * len(rows)
         depths = [0] * len(rows)
         growing: dict[int, Generator[Any, torch.Tensor, DraftTree]] = {}
+        decided: dict[int, TreeShape | None] = {}  # tree="auto": one decision per chooser
         for i, row in enumerate(rows):
-            shape = step_shape(row.settings, row.seq, len(rows))  # auto: chosen for the batch
+            chooser = row.settings.chooser
+            if chooser is not None and row.seq.drafter is not None:
+                if id(chooser) not in decided:
+                    decided[id(chooser)] = chooser.choose(row.seq.target.committed, len(rows))
+                shape = step_shape(row.settings, row.seq, len(rows), decided[id(chooser)])
+            else:
+                shape = step_shape(row.settings, row.seq, len(rows))
             drafter = row.seq.drafter
             if shape is None or drafter is None:
                 proposals[i] = Proposal(DraftTree.empty(row.seq.key))

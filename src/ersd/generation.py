@@ -55,7 +55,8 @@ class Settings:
     #: feed at least this many tokens per target forward (padding nodes are scored and dropped)
     min_forward_tokens: int = 1
     #: ``tree="auto"``: the :class:`ersd.auto.TreeChooser` picking each step's shape (then
-    #: ``shape`` is None); one per sequence, since it learns from the sequence's own steps
+    #: ``shape`` is None); one per sequence, which learns from the sequence's own steps — in a
+    #: batch, one per group of rows with the same settings, deciding once per step for all
     chooser: Any = None
 
 
@@ -84,16 +85,24 @@ class SequenceState:
 # --- the four phases -------------------------------------------------------------------------
 
 
-def step_shape(settings: Settings, seq: SequenceState, batch: int = 1) -> TreeShape | None:
+_ASK = object()  # step_shape: ask the chooser
+
+
+def step_shape(
+    settings: Settings, seq: SequenceState, batch: int = 1, chosen: Any = _ASK
+) -> TreeShape | None:
     """This step's tree shape: the generation's shape (with ``tree="auto"``, the chooser's pick
-    for ``batch`` live rows) cut to the tokens the sequence may still emit, so that a fully
-    accepted tree plus its bonus token fits (ERSD then stops at exactly the token target-only
-    sampling stops at); ``None`` when nothing is drafted."""
+    for ``batch`` live rows, or ``chosen`` when the batch already asked it this step) cut to the
+    tokens the sequence may still emit, so that a fully accepted tree plus its bonus token fits
+    (ERSD then stops at exactly the token target-only sampling stops at); ``None`` when nothing
+    is drafted."""
     if seq.drafter is None:
         return None
     shape = settings.shape
     if settings.chooser is not None:
-        shape = settings.chooser.choose(seq.target.committed, batch)
+        shape = (
+            chosen if chosen is not _ASK else settings.chooser.choose(seq.target.committed, batch)
+        )
     return shape.truncated(seq.allowed - 1) if shape is not None else None
 
 

@@ -125,24 +125,3 @@ def test_ranking_of_one_takes_the_same_token_as_the_general_path() -> None:
             assert race_ranking(p, e, 1) == [] == race_ranking(p, e, 3)
             continue
         assert race_ranking(p, e, 1) == race_ranking(p, e, 3)[:1] == [race_winner(p, e)]
-
-
-def test_prefetch_draws_exactly_the_races_drawn_one_by_one() -> None:
-    """RaceNoise.prefetch (two threads) fills the cache with the same values exponentials()
-    draws on demand, skips cached keys, and keeps the cache bounded."""
-    keys = [root_key(3, [i]) for i in range(10)]
-    ref = RaceNoise(1000)
-    want = {k: ref.exponentials(k).clone() for k in keys}
-    noise = RaceNoise(1000, cache_size=8)
-    first = noise.exponentials(keys[0])
-    noise.prefetch(keys[:6] + keys[:2])  # duplicates and a cached key
-    assert noise.exponentials(keys[0]) is first  # not redrawn
-    for k in keys[:6]:
-        assert torch.equal(noise.exponentials(k), want[k])
-    noise.prefetch(keys)
-    assert len(noise._cache) == 8  # bounded: the oldest went
-    for k in keys:
-        assert torch.equal(noise.exponentials(k), want[k])
-    other = RaceNoise(1000).exponentials(keys[1], STREAM_DRAFT)
-    noise.prefetch(keys[:3], STREAM_DRAFT)
-    assert torch.equal(noise.exponentials(keys[1], STREAM_DRAFT), other)

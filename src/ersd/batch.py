@@ -301,13 +301,6 @@ class BatchEngine:
                 growing[i] = drafter.grow(shape, row.seq.key, s.rule, s.params, s.noise)
             else:
                 proposals[i] = drafter.propose(shape, row.seq.key, s.rule, s.params, s.noise)
-        # the races drawn below before the forwards' logits are used, all rows' at once: the
-        # root's (target-only rows sample there, ERSD drafts there) ...
-        self.noise.prefetch(
-            r.seq.key
-            for r, p in zip(rows, proposals, strict=True)
-            if r.settings.rule.drafts_with_race or (p is not None and p.tree.num_nodes == 0)
-        )
         if growing:
             model = self.drafter.model  # type: ignore[union-attr]
             pending = {i: next(g) for i, g in growing.items()}
@@ -316,13 +309,6 @@ class BatchEngine:
                 idx = list(pending)
                 sessions = [rows[i].seq.drafter.session for i in idx]  # type: ignore[union-attr]
                 outs = score_many(model, sessions, [pending[i] for i in idx])
-                # ... and, for ERSD, those of the contexts this forward drafts at
-                self.noise.prefetch(
-                    k
-                    for i in idx
-                    if rows[i].settings.rule.drafts_with_race
-                    for k in rows[i].seq.drafter.frontier_keys  # type: ignore[union-attr]
-                )
                 for i, rows_i in zip(idx, outs, strict=True):
                     forwards[i] += 1
                     try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -94,29 +93,6 @@ class RaceNoise:
         """``n`` independent uniforms in [0, 1) for (key, stream), float64."""
         return self._generator(key, stream).random(n)
 
-    def _draw(self, key: int, stream: int) -> torch.Tensor:
-        e = self._generator(key, stream).standard_exponential(self.vocab_size)
-        np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
-        return torch.from_numpy(e)
-
-    def _store(self, cache_key: tuple[int, int], value: torch.Tensor) -> None:
-        self._cache[cache_key] = value
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-
-    def prefetch(self, keys: Iterable[int], stream: int = STREAM_RACE) -> None:
-        """Draw the races of ``keys`` that are not cached yet, on up to two threads at once.
-
-        A batched step needs one race per row at each level, between model forwards (when the
-        cores are otherwise idle); NumPy releases the GIL while it draws, so two threads halve
-        the wait.  The values are exactly what :meth:`exponentials` would draw, one by one.
-        """
-        todo = list(dict.fromkeys(k for k in keys if (k, stream) not in self._cache))
-        if len(todo) < 2:
-            return  # one race: drawn on demand, no thread hand-off
-        for k, e in zip(todo, _pool().map(lambda k: self._draw(k, stream), todo), strict=True):
-            self._store((k, stream), e)
-
     def exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
         """``E_i ~ Exp(1)`` i.i.d. over the vocabulary (float64, CPU), keyed by (key, stream)."""
         cache_key = (key, stream)
@@ -124,20 +100,13 @@ class RaceNoise:
         if hit is not None:
             self._cache.move_to_end(cache_key)
             return hit
-        out = self._draw(key, stream)
-        self._store(cache_key, out)
+        e = self._generator(key, stream).standard_exponential(self.vocab_size)
+        np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
+        out = torch.from_numpy(e)
+        self._cache[cache_key] = out
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return out
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's race-drawing threads (two: the noise is drawn between forwards)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ersd-race")
-    return _POOL
 
 
 def race_scores(probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,6 @@ class ModelDraftSession:
         self.session = session
         # context of the last proposed tree -> its pending index in the draft session
         self._fed: dict[int, int] = {}
-        #: while :meth:`grow` waits for a call's logits: the race keys of the contexts they are
-        #: for (the contexts drafted next), so a batched engine can draw their races at once
-        self.frontier_keys: list[int] = []
 
     def _draft_at(
         self,
@@ -85,7 +82,6 @@ class ModelDraftSession:
         """
         tree = DraftTree.empty(key)
         fed = {DraftTree.ROOT: -1}
-        self.frontier_keys = [key]
         rows = yield [], []
         # (shape node, tree context, draft logits there) of the contexts to expand at this level
         frontier: list[tuple[int, int, torch.Tensor]] = [(-1, DraftTree.ROOT, rows[0])]
@@ -101,7 +97,6 @@ class ModelDraftSession:
             if not grown:
                 break
             base = len(fed) - 1
-            self.frontier_keys = [tree.keys[c] for _, c in grown]
             rows = yield (
                 [tree.token_ending(c) for _, c in grown],
                 [fed[tree.parent_context(c)] for _, c in grown],

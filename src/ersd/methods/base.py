@@ -152,9 +152,6 @@ class Method(ABC):
     summary: str = ""
     #: human-readable list of supported shapes, for error messages
     supported_shapes: str = "any tree"
-    #: drafting draws the shared race (stream 0) at every drafted context (ERSD): a batched engine
-    #: may then draw those races for all rows at once (:meth:`ersd.race.RaceNoise.prefetch`)
-    drafts_with_race: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

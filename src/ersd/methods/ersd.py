@@ -21,7 +21,6 @@ from ersd.race import STREAM_RACE, race_rank, race_ranking, race_winner
 
 class ERSD(Method):
     info = CATALOG["ersd"]
-    drafts_with_race = True
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
         return race_ranking(draft_probs, noise.exponentials(STREAM_RACE), num_children)

@@ -190,6 +190,41 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     assert c.choose([1], batch=1) is None  # then back to the decision the costs favour
 
 
+def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_ratio() -> None:
+    """Exploration the other way: while drafting wins, the target-only side of the comparison
+    is the raw curve; after two drafting steps auto takes one plain step to time it (once), and
+    then one after every EXPLORE_PLAIN_AFTER drafting steps in a row. Until a kind of step is
+    timed, its target forward borrows the other kind's measured/predicted ratio."""
+    from ersd.auto import EXPLORE_PLAIN_AFTER
+
+    c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
+    plain_curve = c._plain_rate(FLAT, 4)
+    for _ in range(2):
+        shape = c.choose([1], batch=4)
+        assert shape is not None
+        target, draft = c._forward_parts(FLAT, shape, 4)
+        c.observe_times(4, draft, 1.5 * target, 1.5 * target + draft)  # target 1.5x its curve
+    # the plain prediction borrows the drafting steps' target ratio
+    overhead = c.timing["spec"].overhead
+    assert c.timing["plain"].steps == 0
+    want = 4 / (1.5 * FLAT.target_cost(1, 4) + FLAT.overhead_plain * 4)
+    assert c._plain_rate(FLAT, 4) == pytest.approx(want) and want < plain_curve
+    assert overhead is not None
+    assert c.choose([1], batch=4) is None  # the early plain step
+    assert c.last is not None and c.last.tree == "none" and c.last.best_tree is not None
+    plain = FLAT.target_cost(1, 4)
+    c.observe_times(4, 0.0, plain, plain)  # timed: as its curve says
+    assert c.timing["plain"].steps == 1 and c._target_ratio("plain") == pytest.approx(1.0)
+    decisions = [c.choose([1], batch=4) for _ in range(EXPLORE_PLAIN_AFTER)]
+    assert all(d is not None for d in decisions)  # drafting pays; no second early plain step
+    for d in decisions[-2:]:
+        assert d is not None
+    c._learned += 1  # (something was learned: the decision is made afresh)
+    assert c.choose([1], batch=4) is None  # after EXPLORE_PLAIN_AFTER drafting steps in a row
+    c._learned += 1
+    assert c.choose([1], batch=4) is not None
+
+
 def test_a_batch_step_is_costed_by_its_largest_tree_not_by_this_rows_choice() -> None:
     """In a batch the forwards are shared: a row that chose a small tree (or none) must compare
     the step's time with the prediction for the largest tree drafted in it."""
@@ -292,7 +327,9 @@ def test_ersd_auto_gives_the_target_only_tokens(pair, temperature: float) -> Non
     fixed = ersd.generate(target, draft, [4, 5], tree="multi:2x3", **kw)
     auto = ersd.generate(target, draft, [4, 5], tree=AutoTree(costs=FLAT), **kw)
     assert auto.tokens == plain.tokens == fixed.tokens
-    assert auto.num_draft_tokens > 0 and "none" not in auto.auto_choices
+    # it drafts (the online correction may stop it later: toy forwards take microseconds, so
+    # the engine's own time outside them decides once a plain step was timed too)
+    assert auto.num_draft_tokens > 0 and auto.auto_choices.get("none", 0) < len(auto.steps)
     assert auto.target_calls < plain.target_calls
     # measured costs (the default): the measurement forwards stay out of the sequences
     measured = ersd.generate(target, draft, [4, 5], tree="auto", **kw)
@@ -339,11 +376,11 @@ def test_generate_batch_auto_is_batch_invariant(pair) -> None:
         assert res.tokens == solo.tokens == plain.tokens, f"prompt {i}"
         assert res.tree == "auto"
     assert batch[0].steps[0].choice["batch"] == len(prompts)
-    # the same costs at the same batch give the same choices: rerunning the batch repeats them
+    # the trees follow measured step times (they may differ between runs), the text never does
     again = ersd.generate_batch(
         target, draft, prompts, seeds=5, max_new_tokens=20, tree=auto, eos_token_id=5
     )
-    assert [r.auto_choices for r in again] == [r.auto_choices for r in batch]
+    assert [r.tokens for r in again] == [r.tokens for r in batch]
 
 
 def test_rows_with_the_same_auto_settings_decide_together(pair) -> None:

@@ -28,7 +28,10 @@ the forwards, for drafting and non-drafting steps separately (exponential moving
 the prediction includes the engine's own overhead and the real context length, and a tree that
 does not pay in this run gives way to a shorter one or to no drafting.  Steps whose forwards
 included a prompt's prefill are not learned from; after :data:`EXPLORE_AFTER` steps in a row
-without drafting the best tree is drafted once, so drafting is re-measured (exploration).
+without drafting the best tree is drafted once, so drafting is re-measured (exploration), and
+the other way round one step is not drafted after :data:`EXPLORE_PLAIN_AFTER` drafting steps
+in a row (and once early, after two drafting steps, if no plain step was timed yet); until a
+kind of step is timed it borrows the other kind's target correction.
 
 The choice depends only on the costs and on steps already verified, never on the current step's
 randomness, so every method stays exact and ERSD's text stays the target-only text (it is tree-
@@ -69,6 +72,11 @@ MEASURE_PROMPT_TOKENS = 64
 TIMING_EMA = 0.25
 #: after this many steps in a row without drafting, draft the best tree once (exploration)
 EXPLORE_AFTER = 16
+#: ... and after this many drafting steps in a row, one step without drafting (and once early,
+#: after two drafting steps, if no plain step was ever timed): the target-only side of the
+#: comparison is a measured curve until a plain step corrects it, and a curve measured in other
+#: conditions than the run would otherwise bias every later decision towards drafting
+EXPLORE_PLAIN_AFTER = 64
 _CACHE_ATTR = "_ersd_cost_curves"
 _FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
 _MEASUREMENTS = [0]  # cost measurements so far (a step during which one ran is not learned from)
@@ -326,6 +334,8 @@ class TreeChooser:
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
         self._epoch = _MEASUREMENTS[0]
         self._plain_run = 0  # steps in a row without drafting
+        self._spec_run = 0  # steps in a row with drafting
+        self._plain_explored = False  # the early plain step was taken
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -376,13 +386,23 @@ class TreeChooser:
         target, draft = self._forward_parts(costs, shape, batch)
         t = self.timing["spec"]
         overhead = costs.overhead if t.overhead is None else t.overhead
-        return t.target_ratio * target + t.draft_ratio * draft + overhead * batch
+        return self._target_ratio("spec") * target + t.draft_ratio * draft + overhead * batch
+
+    def _target_ratio(self, kind: str) -> float:
+        """The target's measured / predicted forward time for ``kind`` of step; a kind not timed
+        yet borrows the other kind's (one model, one machine: a curve measured in other
+        conditions is off for both alike)."""
+        own = self.timing[kind]
+        other = self.timing["plain" if kind == "spec" else "spec"]
+        return own.target_ratio if own.steps or not other.steps else other.target_ratio
 
     def _plain_rate(self, costs: CostModel, batch: int) -> float:
         """Predicted tokens/s over the batch without drafting, corrected likewise."""
         t = self.timing["plain"]
         overhead = costs.overhead_plain if t.overhead is None else t.overhead
-        return batch / (t.target_ratio * costs.target_cost(1, batch) + overhead * batch)
+        return batch / (
+            self._target_ratio("plain") * costs.target_cost(1, batch) + overhead * batch
+        )
 
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
@@ -404,6 +424,16 @@ class TreeChooser:
         drafts = best_shape is not None and best_rate > plain
         exploring = not drafts and best_shape is not None and explore
         drafts = drafts or exploring  # exploration: measure drafting again (profile, step time)
+        spec_t, plain_t = self.timing["spec"], self.timing["plain"]
+        if (
+            drafts
+            and not exploring
+            and (
+                self._spec_run >= EXPLORE_PLAIN_AFTER
+                or (not plain_t.steps and spec_t.steps >= 2 and not self._plain_explored)
+            )
+        ):  # exploration the other way: time a step without drafting
+            drafts, exploring, self._plain_explored = False, True, True
         self.last = Choice(
             tree=best_spec if drafts and best_spec else "none",
             predicted=best_rate if drafts else plain,
@@ -419,6 +449,7 @@ class TreeChooser:
 
     def _count(self, chosen: TreeShape | None) -> TreeShape | None:
         self._plain_run = 0 if chosen is not None else self._plain_run + 1
+        self._spec_run = 0 if chosen is None else self._spec_run + 1
         return chosen
 
     def observe_times(
@@ -470,6 +501,7 @@ class TreeChooser:
 __all__ = [
     "CHAIN_LENGTHS",
     "EXPLORE_AFTER",
+    "EXPLORE_PLAIN_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
     "TREE_SIZES",

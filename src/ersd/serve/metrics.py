@@ -64,6 +64,22 @@ class Metrics:
         )
         self.errors = counter("ersd:request_errors", "Requests that ended with a server error.")
         self.model_name = model_name
+        # every series labelled by the model alone exists from the start, at 0 (as vLLM's): a
+        # scrape before the first request sees the counters, and rate() has a starting point
+        for metric in (
+            self.running,
+            self.waiting,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.drafts,
+            self.draft_tokens,
+            self.accepted_tokens,
+            self.e2e,
+            self.ttft,
+            self.steps,
+            self.errors,
+        ):
+            metric.labels(model_name)
 
     def on_step(self, records: Sequence[StepRecord], seconds: float) -> None:
         """Engine-thread hook: one step's records."""

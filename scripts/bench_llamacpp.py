@@ -43,6 +43,7 @@ import ersd
 from ersd.auto import draft_model_of
 from ersd.bench.costs import CostModel, choose_trees, measure_costs
 from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.bench.stats import t_interval
 from ersd.drafting import is_drafter_spec, parse_drafter
 from ersd.models.llamacpp import llama_lib, resolve_gguf
 from ersd.theory.profile import RankProfile
@@ -89,13 +90,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def mean_interval(xs: list[float]) -> list[float]:
     """Mean and Student-t 95% interval (``[mean]`` alone for fewer than 2 values)."""
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return [round(m, 2)]
-    from scipy import stats
-
-    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
-    return [round(m, 2), round(m - h, 2), round(m + h, 2)]
+    iv = t_interval(xs)
+    if iv.n < 2:
+        return [round(iv.mean, 2)]
+    return [round(iv.mean, 2), round(iv.low, 2), round(iv.high, 2)]
 
 
 def run_llama(llm: Any, prompt: list[int], n: int, temp: float, seed: int) -> tuple[int, float]:

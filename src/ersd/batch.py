@@ -142,7 +142,7 @@ class BatchEngine:
         self._ids = itertools.count()
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
-        self._choosers: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # tree="auto" groups
+        self._choosers: dict[tuple[Any, ...], Any] = {}  # tree="auto": one chooser per group
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -205,9 +205,8 @@ class BatchEngine:
             id(auto.costs),
             auto.max_nodes,
         )
-        if key not in self._choosers:  # the engine holds its auto objects; ids stay unique
-            self._choosers[key] = (chooser, auto)
-        return self._choosers[key][0]
+        # the stored chooser holds its auto settings (profile, costs), so their ids stay unique
+        return self._choosers.setdefault(key, chooser)
 
     def cancel(self, rid: int) -> None:
         """Drop a request now (its sessions and caches are freed)."""
@@ -262,10 +261,9 @@ class BatchEngine:
             total=time.perf_counter() - started,
         )
         # tree="auto": correct each chooser's cost model by this step's time, once per chooser
-        choosers = {id(r.settings.chooser): r.settings.chooser for r in rows}
-        choosers.pop(id(None), None)
+        choosers = {id(c): c for r in rows if (c := r.settings.chooser) is not None}
+        t = self.last_step
         for chooser in choosers.values():
-            t = self.last_step
             chooser.observe_times(
                 len(rows), t.draft, t.target, t.total, prefill=prefill, step=self._widest
             )

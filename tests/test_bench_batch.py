@@ -364,12 +364,74 @@ def test_auto_records_its_choices_and_the_report_puts_predictions_next_to_measur
         steps = r["steps"] * r["batch_size"]
         assert 0 < sum(r["auto_trees"].values()) <= steps
         assert r["auto_predicted_tokens_per_second"] > 0
+    for r in autos:  # the decode steps: every engine step after the first (the prefill)
+        d = r["auto_decode"]
+        assert d["steps"] == r["steps"] - 1
+        assert r["num_tokens"] - 5 * r["batch_size"] <= d["tokens"] < r["num_tokens"]
+        assert 0 < d["seconds"] < r["wall_time"] and d["predicted_seconds"] > 0
     text = write_report([out], tmp_path / "rep")["report"].read_text()
-    head = "| configuration | B | trees chosen | predicted tokens/s | measured tokens/s |"
+    head = (
+        "| configuration | B | trees chosen | decode steps | predicted tokens/s | "
+        "measured tokens/s | measured ÷ predicted | end-to-end tokens/s |"
+    )
     assert head in text
-    lines = [x for x in text.splitlines() if x.startswith("| ersd auto | ")]
-    table = [x for x in lines if x.count("|") == 7]
+    after = text[text.index(head) :].split("\n\n")[0].splitlines()
+    table = [x for x in after if x.startswith("| ersd auto | ")]
     assert len(table) == 2  # one per batch size
     for x in table:
-        pred, meas, ratio = (float(c) for c in x.strip("|").split("|")[3:6])
-        assert ratio == pytest.approx(meas / pred, abs=0.01)
+        b = int(x.split("|")[2])
+        recs = [r for r in autos if r["batch_size"] == b]
+        ratios = [
+            (d["tokens"] / d["seconds"]) / (d["predicted_tokens"] / d["predicted_seconds"])
+            for d in (r["auto_decode"] for r in recs)
+        ]
+        cells = [c.strip() for c in x.strip("|").split("|")]
+        assert float(cells[6].split()[0]) == pytest.approx(sum(ratios) / len(ratios), abs=0.01)
+
+
+def test_auto_summary_compares_prediction_and_measurement_over_the_decode_steps() -> None:
+    """The first engine step (the prompts' prefill) is left out on both sides; a step's time is
+    its slowest row's, its prediction the batch's shared decision; rows that finished early
+    leave the later steps."""
+    from ersd.bench.batching import auto_summary
+    from ersd.results import GenerationResult, StepRecord
+
+    def choice(tree: str, tokens: float, seconds: float) -> dict[str, object]:
+        return {
+            "tree": tree,
+            "predicted": tokens / seconds,
+            "predicted_tokens": tokens,
+            "predicted_seconds": seconds,
+        }
+
+    plans = [  # (tokens emitted per row, total seconds per row, decision)
+        ([1, 1], [9.0, 9.5], choice("chain:1", 3.0, 1.0)),  # prefill: left out
+        ([2, 1], [1.0, 1.2], choice("chain:1", 3.6, 1.0)),
+        ([1, 2], [0.9, 1.1], choice("none", 2.0, 0.8)),
+        ([3], [0.7], choice("chain:2", 2.5, 0.5)),  # row 1 has finished
+    ]
+    rows: list[list[StepRecord]] = [[], []]
+    for j, (toks, secs, ch) in enumerate(plans):
+        for i, (n, t) in enumerate(zip(toks, secs, strict=True)):
+            rows[i].append(StepRecord(j, [7] * n, 1, 0, 1, 1, total_time=t, choice=dict(ch)))
+    results = [
+        GenerationResult(
+            tokens=[7] * sum(len(s.tokens) for s in steps),
+            target_calls=len(steps),
+            draft_forwards=0,
+            steps=steps,
+            method="ersd",
+            tree="auto",
+            finish_reason="length",
+            wall_time=1.0,
+        )
+        for steps in rows
+    ]
+    out = auto_summary(results)
+    assert out["auto_trees"] == {"chain:1": 4, "none": 2, "chain:2": 1}
+    d = out["auto_decode"]
+    assert d["steps"] == 3
+    assert d["tokens"] == 3 + 3 + 3
+    assert d["seconds"] == pytest.approx(1.2 + 1.1 + 0.7)
+    assert d["predicted_tokens"] == pytest.approx(3.6 + 2.0 + 2.5)
+    assert d["predicted_seconds"] == pytest.approx(1.0 + 0.8 + 0.5)

@@ -172,6 +172,10 @@ class Choice:
     best_tree: str | None  # the best drafting candidate (chosen or not)
     best_tree_predicted: float | None
     batch: int
+    #: the prediction's two parts for the chosen candidate: new tokens of the batch
+    #: (``batch · E[tokens per call]``) and seconds of the step (``predicted`` is their ratio)
+    predicted_tokens: float = 0.0
+    predicted_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
@@ -416,11 +420,13 @@ class TreeChooser:
         costs = self.costs_at(context, batch)
         probs = self.depth_probs()
         plain = self._plain_rate(costs, batch)
-        best_spec, best_shape, best_rate = None, None, -math.inf
+        best_spec, best_shape, best_rate, best_parts = None, None, -math.inf, (0.0, 0.0)
         for spec, shape in self.candidates(probs).items():
-            rate = batch * expected_tokens(shape, probs) / self._step_time(costs, shape, batch)
-            if rate > best_rate:
-                best_spec, best_shape, best_rate = spec, shape, rate
+            tokens = batch * expected_tokens(shape, probs)
+            seconds = self._step_time(costs, shape, batch)
+            if tokens / seconds > best_rate:
+                best_spec, best_shape, best_rate = spec, shape, tokens / seconds
+                best_parts = (tokens, seconds)
         drafts = best_shape is not None and best_rate > plain
         exploring = not drafts and best_shape is not None and explore
         drafts = drafts or exploring  # exploration: measure drafting again (profile, step time)
@@ -441,6 +447,8 @@ class TreeChooser:
             best_tree=best_spec,
             best_tree_predicted=best_rate if best_spec else None,
             batch=batch,
+            predicted_tokens=best_parts[0] if drafts else float(batch),
+            predicted_seconds=best_parts[1] if drafts else batch / plain,
         )
         chosen = best_shape if drafts else None
         self._decided = None if exploring else ((batch, self._learned), chosen)

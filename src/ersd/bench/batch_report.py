@@ -41,6 +41,9 @@ class BatchRow:
     time_source: str
     prediction: dict[str, Any] | None = None
     auto_predicted: float | None = None  # tree="auto": mean predicted tokens/s over runs
+    #: tree="auto" over the decode steps of all runs (bench.batching.auto_summary): predicted and
+    #: measured tokens/s, and the per-run ratios measured ÷ predicted
+    auto_decode: dict[str, Any] | None = None
     auto_trees: dict[str, int] | None = None  # tree="auto": row-steps per chosen tree
 
     @property
@@ -125,10 +128,26 @@ def _auto_fields(recs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in recs:
         for t, n in (r.get("auto_trees") or {}).items():
             trees[t] += n
-    return {
+    out: dict[str, Any] = {
         "auto_predicted": sum(preds) / len(preds),
         "auto_trees": dict(sorted(trees.items(), key=lambda kv: -kv[1])),
     }
+    dec = [r["auto_decode"] for r in recs if r.get("auto_decode")]
+    if dec:
+
+        def total(k: str) -> float:
+            return float(sum(d[k] for d in dec))
+
+        out["auto_decode"] = {
+            "predicted": total("predicted_tokens") / total("predicted_seconds"),
+            "measured": total("tokens") / total("seconds"),
+            "ratios": [
+                (d["tokens"] / d["seconds"]) / (d["predicted_tokens"] / d["predicted_seconds"])
+                for d in dec
+            ],
+            "steps": int(total("steps")),
+        }
+    return out
 
 
 def _auto_lines(rows: list[BatchRow]) -> list[str]:
@@ -136,18 +155,43 @@ def _auto_lines(rows: list[BatchRow]) -> list[str]:
     autos = [r for r in rows if r.auto_predicted]
     if not autos:
         return []
+    decode = any(r.auto_decode for r in autos)
     lines = [
-        'tree="auto" — the cost model\'s prediction next to the measurement (predicted: mean '
-        "over engine steps of the predicted tokens/s of the batch for the tree chosen; trees: "
-        "share of row-steps per chosen tree, see docs/auto-tree.md):",
+        'tree="auto" — the cost model\'s prediction next to the measurement, over the **decode '
+        "steps** (every engine step after the first, which feeds the prompts — prefill is outside "
+        "what the model predicts): predicted = Σ predicted new tokens ÷ Σ predicted seconds of "
+        "the steps' decisions, measured = Σ new tokens ÷ Σ seconds of the same steps; ratio "
+        "interval: Student-t 95% over runs; end-to-end = the throughput table's tokens/s "
+        "(prefill and all); trees: share of row-steps per chosen tree, see docs/auto-tree.md:"
+        if decode
+        else 'tree="auto" — the cost model\'s prediction next to the measurement (predicted: '
+        "mean over engine steps of the predicted tokens/s of the batch for the tree chosen; "
+        "trees: share of row-steps per chosen tree, see docs/auto-tree.md):",
         "",
-        "| configuration | B | trees chosen | predicted tokens/s | measured tokens/s | "
-        "measured ÷ predicted |",
-        "|---|---|---|---|---|---|",
     ]
+    if decode:
+        lines += [
+            "| configuration | B | trees chosen | decode steps | predicted tokens/s | "
+            "measured tokens/s | measured ÷ predicted | end-to-end tokens/s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    else:
+        lines += [
+            "| configuration | B | trees chosen | predicted tokens/s | measured tokens/s | "
+            "measured ÷ predicted |",
+            "|---|---|---|---|---|---|",
+        ]
     for r in autos:
         total = sum((r.auto_trees or {}).values()) or 1
         trees = ", ".join(f"{t} {n / total:.0%}" for t, n in list((r.auto_trees or {}).items())[:3])
+        if decode and r.auto_decode:
+            d = r.auto_decode
+            ratio = t_interval(d["ratios"])
+            lines.append(
+                f"| {r.label} | {r.batch_size} | {trees} | {d['steps']} | {d['predicted']:.2f} | "
+                f"{d['measured']:.2f} | {_fmt(ratio, 2)} | {_fmt(r.tokens_per_second, 2)} |"
+            )
+            continue
         pred = r.auto_predicted or float("nan")
         lines.append(
             f"| {r.label} | {r.batch_size} | {trees} | {pred:.2f} | "
@@ -266,5 +310,6 @@ def batch_row_dict(r: BatchRow) -> dict[str, Any]:
         "time_source": r.time_source,
         "prediction": r.prediction,
         "auto_predicted_tokens_per_second": r.auto_predicted,
+        "auto_decode": r.auto_decode,
         "auto_trees": r.auto_trees,
     }

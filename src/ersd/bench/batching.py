@@ -138,23 +138,45 @@ def run_batch_entry(
 
 def auto_summary(results: list[ersd.GenerationResult]) -> dict[str, Any]:
     """What ``tree="auto"`` chose in a batched run and what it predicted: the trees chosen
-    (row-steps per tree) and the mean over engine steps of the predicted tokens/s of the batch
-    (each step's prediction for its own batch size; the rows of a step share one forward)."""
+    (row-steps per tree), the mean over engine steps of the predicted tokens/s of the batch
+    (each step's prediction for its own batch size; the rows of a step share one forward), and
+    the like-for-like check of the cost model over the **decode steps** (every engine step after
+    the first, which feeds the rows' prompts — prefill, outside what the model predicts):
+    predicted tokens/s = Σ predicted new tokens ÷ Σ predicted step seconds of the decisions
+    taken, measured tokens/s = Σ new tokens ÷ Σ step seconds of the same steps."""
     trees: dict[str, int] = {}
     per_step: list[float] = []
+    pred_tokens = pred_secs = tokens = secs = 0.0
+    decode_steps = 0
     for j in range(max((len(r.steps) for r in results), default=0)):
+        recs = [r.steps[j] for r in results if len(r.steps) > j]
         preds = []
-        for r in results:
-            choice = r.steps[j].choice if len(r.steps) > j else None
-            if choice:
-                trees[choice["tree"]] = trees.get(choice["tree"], 0) + 1
-                preds.append(float(choice["predicted"]))
+        for s in recs:
+            if s.choice:
+                trees[s.choice["tree"]] = trees.get(s.choice["tree"], 0) + 1
+                preds.append(float(s.choice["predicted"]))
         if preds:
             per_step.append(sum(preds) / len(preds))
-    return {
+        choice = next((s.choice for s in recs if s.choice), None)  # shared by the batch
+        if j > 0 and choice and choice.get("predicted_seconds"):
+            pred_tokens += float(choice["predicted_tokens"])
+            pred_secs += float(choice["predicted_seconds"])
+            tokens += sum(len(s.tokens) for s in recs)
+            secs += max(s.total_time for s in recs)
+            decode_steps += 1
+    out: dict[str, Any] = {
         "auto_trees": dict(sorted(trees.items(), key=lambda kv: -kv[1])),
         "auto_predicted_tokens_per_second": sum(per_step) / len(per_step) if per_step else None,
     }
+    if pred_secs > 0 and secs > 0:
+        out["auto_decode"] = {
+            "steps": decode_steps,
+            "predicted_tokens": pred_tokens,
+            "predicted_seconds": pred_secs,
+            "tokens": tokens,
+            "seconds": secs,
+        }
+    return out
 
 
 def count_runs(

@@ -200,6 +200,10 @@ def test_parse_drafter_specs(tmp_path: Path) -> None:
     assert isinstance(h, HybridDrafter) and h.model_depth == 2 and h.policy == "auto"
     m = parse_drafter("toy", load_model=lambda name: model)
     assert isinstance(m, ersd.ModelDrafter)
+    h = parse_drafter("lookup:policy=guided,guided=1+toy", load_model=lambda name: model)
+    assert isinstance(h, HybridDrafter) and h.policy == "guided" and h.guided
+    h = parse_drafter("lookup:guided=0+toy", load_model=lambda name: model)
+    assert isinstance(h, HybridDrafter) and not h.guided
 
 
 @pytest.mark.parametrize(
@@ -215,6 +219,7 @@ def test_parse_drafter_specs(tmp_path: Path) -> None:
         ("lookup:policy=both", "only applies to a hybrid"),
         ("lookup:policy=often+toy", "unknown hybrid policy"),
         ("lookup:model_depth=0+toy", "model_depth must be an integer >= 1"),
+        ("lookup:guided=yes+toy", "guided must be 0 or 1"),
         ("", "non-empty"),
     ],
 )
@@ -324,3 +329,62 @@ def test_model_free_and_hybrid_drafters_in_a_batch() -> None:
             target, drafter, prompts, max_new_tokens=12, seeds=[0, 1, 2], tree="chain:4"
         )
         assert [r.tokens for r in out] == alone
+
+
+# --- guided model drafting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "temperature"), [("ersd", 1.0), ("sd", 1.0), ("ersd", 0.0)])
+def test_a_guess_gives_the_model_tree_for_fewer_forwards(method: str, temperature: float) -> None:
+    """``ModelDraftSession.grow(guess=...)``: whatever the guess, the chain is the one the draft
+    drafts without it (same tokens, same recorded q); each guessed level the draft agrees with
+    saves one forward."""
+    draft = mixed_draft(table_model(V, seed=0), table_model(V, seed=1), 0.5)
+    drafter = ersd.ModelDrafter(draft)
+    rule = get_method(method) if temperature > 0 else GREEDY
+    params = SamplingParams(temperature)
+    prompt, shape, key = [3, 1, 4, 1, 5], TreeShape.chain(6), 21
+
+    def run(guess: list[int]) -> ersd.drafting.Proposal:
+        return drafter.start_drafting(prompt).propose(shape, key, rule, params, NOISE, guess)
+
+    plain = run([])
+    assert plain.forwards == 6  # the root, then one per level with a child
+    own = plain.tree.tokens
+    for good in range(6):
+        wrong = (own[good] + 1) % V
+        for guess in (own[:good], [*own[:good], wrong, *own[good + 1 :]]):
+            prop = run(guess)
+            assert prop.tree.tokens == own and prop.tree.parents == plain.tree.parents
+            for a, b in zip(prop.tree.draft_probs, plain.tree.draft_probs, strict=True):
+                assert (a is None and b is None) or torch.equal(a, b)
+            assert prop.forwards == 6 - min(good, 5)  # the agreed levels need no forward
+    assert run([*own, 0, 0]).forwards == 1  # a guess longer than the chain: one forward
+
+
+def test_guided_hybrid_drafts_the_model_s_chains_for_fewer_forwards() -> None:
+    """Policy ``guided`` under SD (which needs children drawn from the draft's q): the same
+    tokens as model-only drafting with the same seed (same trees, same keyed noise), fewer draft
+    forwards where the text copies, and lookup credited with the guessed tokens it got accepted."""
+
+    def fn(seqs: list[list[int]]) -> torch.Tensor:
+        out = torch.full((len(seqs), V), -4.0)
+        for i, s in enumerate(seqs):
+            out[i, (s[-1] % 5) + 1] = 4.0  # mostly 1 -> 2 -> ... -> 5 -> 1
+        return out
+
+    target = ersd.FunctionModel(fn, V)
+    draft = ersd.FunctionModel(fn, V)
+    prompt = [1, 2, 3, 4, 5, 1, 2]
+    kw = dict(max_new_tokens=40, tree="chain:6", method="sd", seed=3)
+    model_only = ersd.generate(target, draft, prompt, **kw)
+    hybrid = HybridDrafter(LookupDrafter(n=2, k=8), draft, policy="guided")
+    guided = ersd.generate(target, hybrid, prompt, **kw)
+    assert guided.tokens == model_only.tokens
+    assert guided.draft_forwards < model_only.draft_forwards / 2
+    assert hybrid.mixes["guided"] > 0 and set(hybrid.mixes) <= {"guided", "model"}
+    assert hybrid.stats.sources["lookup"].accepted > 0
+    off = HybridDrafter(LookupDrafter(n=2, k=8), draft, policy="guided", guided=False)
+    unguided = ersd.generate(target, off, prompt, **kw)
+    assert unguided.tokens == model_only.tokens
+    assert unguided.draft_forwards == model_only.draft_forwards and off.mixes["guided"] == 0

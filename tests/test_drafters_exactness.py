@@ -8,7 +8,11 @@ N = 3000 seeds, Pearson chi-square against the exact law at ``ALPHA = 1e-4``) is
 * ``least-likely`` — proposes the target's *least* likely tokens (a deterministic drafter whose
   proposals the target almost never wants; under top-k they have probability 0);
 * ``hybrid``       — lookup + the ``mild`` table draft model (ERSD: merged trees; the others:
-  per-step choice, ``fallback`` policy so the run is deterministic).
+  per-step choice, ``fallback`` policy so the run is deterministic);
+* ``guided``       — lookup + the ``mild`` draft, policy ``guided`` on ``chain:3``: the model drafts
+  every step, with the lookup run as its guess (a separate test: the grid's multi-child shapes
+  would not use the guess).  A broken guided drafter that trusts the guess (takes the guessed
+  token as the child instead of the draft rule's choice) must be rejected under SD.
 
 Power: the same test must reject (p < ALPHA) the naive way of using deterministic multi-branch
 drafts with the i.i.d./without-replacement methods (children hand-picked instead of drawn by the
@@ -25,7 +29,14 @@ import pytest
 import torch
 
 import ersd
-from ersd.drafting import HybridDrafter, LookupDrafter, SuffixDrafter, grow
+from ersd.drafting import (
+    HybridDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    ModelDraftSession,
+    SuffixDrafter,
+    grow,
+)
 from ersd.drafting.free import DrafterStats, FreeSession
 from ersd.drafting.grow import Continuation
 from tests.exactness_util import (
@@ -106,6 +117,13 @@ DRAFTERS: dict[str, Callable[[str], object]] = {
         policy="both" if method == "ersd" else "fallback",
     ),
 }
+#: the guided hybrid (chain shapes only; not in the grid, see the module docstring)
+GUIDED = "guided"
+DRAFTERS_EXTRA: dict[str, Callable[[str], object]] = {
+    GUIDED: lambda method: HybridDrafter(
+        LookupDrafter(n=2, k=3, branches=1), DRAFTS["mild"].model(), policy="guided"
+    ),
+}
 
 
 def law_test(
@@ -120,7 +138,7 @@ def law_test(
     law = exact_law(TARGET, PROMPT, LENGTH, kw)
     target = TARGET.model()
     name = method if isinstance(method, str) else method.name
-    draft = DRAFTERS[drafter](name)
+    draft = {**DRAFTERS, **DRAFTERS_EXTRA}[drafter](name)
 
     def one(seed: int) -> list[int]:
         return ersd.generate(
@@ -160,6 +178,45 @@ def test_sequence_law_with_model_free_drafters(
         f"{method} with tree {shape}, {setting}, {drafter} drafter: the law of the generated "
         f"sequence differs from the target's: {res}"
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "setting"),
+    [
+        (name, SETTING_NAMES[i % len(SETTING_NAMES)])
+        for i, (name, m) in enumerate(ersd.METHODS.items())
+        if supports(m, "chain:3")
+    ],
+)
+def test_sequence_law_with_the_guided_hybrid(method: str, setting: str, one_torch_thread) -> None:
+    res = law_test(method, "chain:3", setting, GUIDED, tag=(method, "chain:3", setting, GUIDED))
+    assert res.pvalue >= ALPHA, f"{method}, {setting}, guided hybrid: law differs: {res}"
+
+
+class _TrustingSession(ModelDraftSession):
+    """Broken guided drafting: a guessed token becomes the child as it is, instead of the token
+    the rule drafts from the draft's logits (whose ``q`` is still recorded)."""
+
+    def grow(self, shape, key, rule, params, noise, guess=()):  # type: ignore[no-untyped-def]
+        self._guess = list(guess)
+        return (yield from super().grow(shape, key, rule, params, noise, guess))
+
+    def _draft_at(self, tree, ctx, logits, num_children, rule, params, noise):  # type: ignore[no-untyped-def]
+        toks = super()._draft_at(tree, ctx, logits, num_children, rule, params, noise)
+        depth = 0 if ctx == tree.ROOT else tree.depth_of(tree.node_of(ctx))
+        return [self._guess[depth]] if depth < len(self._guess) else toks
+
+
+def test_a_guided_drafter_that_trusts_the_guess_is_rejected(
+    monkeypatch: pytest.MonkeyPatch, one_torch_thread: None
+) -> None:
+    monkeypatch.setattr(
+        ModelDrafter,
+        "start_drafting",
+        lambda self, prompt: _TrustingSession(self.model.start(list(prompt))),
+    )
+    res = law_test("sd", "chain:3", "T1.0", GUIDED, tag=("m", "guided-trusts-guess"))
+    assert res.pvalue < ALPHA, f"a guided drafter trusting the guess was not rejected: {res}"
 
 
 def test_grid_has_branching_deterministic_drafts_for_every_multi_child_method() -> None:

@@ -65,7 +65,7 @@ class RunConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     budgets: list[int] = field(default_factory=lambda: [4, 8])
     methods: list[str] = field(default_factory=lambda: ["ersd", "sd"])
-    shapes: str = "natural"  # natural | minimal (see ersd.bench.trees.natural_shapes)
+    shapes: str = "natural"  # natural | minimal | chain (see ersd.bench.trees.natural_shapes)
     trees: dict[str, list[str]] = field(default_factory=dict)  # extra tree specs per method
     optimal: bool = True  # ERSD with optimal:K (K = each budget) from the rank profile
     cost_aware: bool = True  # ERSD with the cost-aware tree from the profile and cost curves
@@ -262,10 +262,10 @@ def _validate(cfg: BenchConfig) -> None:
             raise BenchConfigError(
                 f"unknown method {name!r} in [run]; known methods: {', '.join(sorted(METHODS))}"
             )
-    if r.shapes not in ("natural", "minimal"):
+    if r.shapes not in ("natural", "minimal", "chain"):
         raise BenchConfigError(
-            f"run.shapes {r.shapes!r} must be 'natural' (chain, M×L and trees per method) or "
-            "'minimal' (one shape per method and budget)"
+            f"run.shapes {r.shapes!r} must be 'natural' (chain, M×L and trees per method), "
+            "'minimal' (one or two shapes per method and budget) or 'chain' (chain:K only)"
         )
     for b in r.baselines:
         if b not in BASELINES:

@@ -19,7 +19,8 @@ def natural_shapes(method: str, k: int, style: str = "natural") -> list[str]:
     or ``.minimal``): ``natural`` is chain:K and M×L with M = 2 and 4 for the multi-draft
     methods, chain:K only for SD, multi:2xL and binary:K for SpecHub (at most two children per
     node); ``minimal`` is chain:K for SD, chain:K and multi:2x(K/2) for ERSD, multi:2x(K/2) for
-    the others.  Shapes a method rejects, and repeats of one shape, are dropped.
+    the others; ``chain`` is chain:K alone.  Shapes a method rejects, and repeats of one shape,
+    are dropped.
     """
     name = get_method(method).name
     specs = method_info(name).shapes(k, style)

@@ -181,7 +181,13 @@ class ConfidenceDraftSession(ModelDraftSession):
         return rule.draft(ctx.q, n + count, noise)[n:]
 
     def grow(
-        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+        guess: Sequence[int] = (),  # not used: the tree is grown from the draft's own confidence
     ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
         cap = min(shape.depth, self.drafter.depth_cap)
         if isinstance(rule, GreedyRule):  # temperature 0: the greedy chain

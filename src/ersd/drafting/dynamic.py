@@ -317,7 +317,13 @@ class DynamicDraftSession(RaceDraftSession):
         self.drafter = drafter
 
     def propose(
-        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+        guess: Sequence[int] = (),
     ) -> Proposal:
         self._expected: float | None = None
         proposal = super().propose(shape, key, rule, params, noise)  # drives grow() below
@@ -325,7 +331,13 @@ class DynamicDraftSession(RaceDraftSession):
         return proposal
 
     def grow(
-        self, shape: TreeShape, key: int, rule: Method, params: SamplingParams, noise: RaceNoise
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+        guess: Sequence[int] = (),  # not used: the tree is grown from the draft's own confidence
     ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
         """The dynamic tree as a generator of draft-model calls (the protocol of
         :meth:`ModelDraftSession.grow`, so a batched engine can drive it): the root, then one

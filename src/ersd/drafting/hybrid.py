@@ -4,7 +4,12 @@ Each step the model-free drafter (lookup or suffix) proposes first, which costs 
 Then a small cost model picks one of three mixes:
 
 * ``free``  — the model-free tree alone (the draft model does no forward this step);
-* ``model`` — the draft model's tree alone (the step's shape, as model-only drafting);
+* ``model`` — the draft model's tree alone (the step's shape, as model-only drafting).  On a
+  chain the model-free run is the draft model's *guess*: fed with the root in the model's first
+  forward, it hands over the draft's logits below every guessed prefix, so each level where the
+  model drafts the guessed token costs no forward of its own (``guided``, the default;
+  :meth:`ersd.drafting.ModelDraftSession.grow`).  The tree is the model's own — the guess only
+  saves forwards (a copied run of ``g`` tokens the model agrees with: ``g`` fewer);
 * ``both``  — the two trees merged into one (a trie merge: a token both propose below the same
   context is one node).  Only under rules that are exact for any children (ERSD, GLS, greedy);
   under
@@ -22,7 +27,10 @@ which says how much to trust a match).  It picks the mix with the most expected 
 (``h_free``: how often the model-free draft's first token is accepted).  Where the model-free
 drafter finds nothing, the model drafts.  The choice depends only on the text and on past steps,
 never on this step's noise, so every method stays exact; under ERSD the text is the same whatever
-is chosen.  Per-source acceptance is in ``HybridDrafter.stats`` and the mixes used in ``.mixes``.
+is chosen.  Per-source acceptance is in ``HybridDrafter.stats`` and the mixes used in ``.mixes``
+(``guided``: the ``model`` steps that were given a guess, counted there instead of under
+``model``).  Policy ``guided`` always takes the ``model``
+mix: model-only drafting's trees, with the guess's savings.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from ersd.probs import SamplingParams
 from ersd.race import RaceNoise
 from ersd.tree import TreeShape
 
-POLICIES = ("auto", "both", "fallback")
+POLICIES = ("auto", "both", "fallback", "guided")
 FreeDrafter = LookupDrafter | SuffixDrafter
 
 
@@ -109,14 +117,45 @@ def merge_trees(key: int, trees: Sequence[DraftTree]) -> tuple[DraftTree, list[l
     return out, maps
 
 
+def main_path(tree: DraftTree) -> list[int]:
+    """The tokens of ``tree``'s first-child path from the root (its best run)."""
+    out: list[int] = []
+    ctx = DraftTree.ROOT
+    while tree.children[ctx]:
+        node = tree.children[ctx][0]
+        out.append(tree.tokens[node])
+        ctx = DraftTree.context_of(node)
+    return out
+
+
+def map_onto(free: DraftTree, tree: DraftTree) -> list[int | None]:
+    """Per context of ``free``, the context of ``tree`` holding the same path (None where
+    ``tree`` has no such path): which of a model-free proposal's nodes the model's tree kept."""
+    out: list[int | None] = [DraftTree.ROOT] + [None] * free.num_nodes
+    for node in range(free.num_nodes):  # parents first
+        at = out[DraftTree.context_of(free.parents[node])]
+        if at is None:
+            continue
+        tok = free.tokens[node]
+        hit = next((k for k in tree.children[at] if tree.tokens[k] == tok), None)
+        if hit is not None:
+            out[DraftTree.context_of(node)] = DraftTree.context_of(hit)
+    return out
+
+
 class HybridDrafter:
     """A model-free drafter and a draft model, mixed per step (see the module docstring).
 
     ``policy``: ``auto`` (cost model), ``both`` (always merge where the rule allows it, else as
-    ``auto``), ``fallback`` (the model drafts only where the model-free drafter has nothing).
+    ``auto``), ``fallback`` (the model drafts only where the model-free drafter has nothing),
+    ``guided`` (the model always drafts its own tree; on a chain the model-free run is its guess,
+    below).
     ``model_depth``: the model drafts only the shape's first ``model_depth`` levels (default: the
     whole shape), while the model-free drafter may use the whole shape: long copied runs, short
-    model chains.
+    model chains.  ``guided`` (default): in a step the model drafts alone on a chain, the
+    model-free run is fed to the draft model with the root (:meth:`ModelDraftSession.grow`'s
+    ``guess``), so the levels where the model drafts the same tokens cost no forward of their own
+    — the model's chain, for fewer draft forwards.
     """
 
     def __init__(
@@ -125,6 +164,7 @@ class HybridDrafter:
         model: LanguageModel | ModelDrafter,
         policy: str = "auto",
         model_depth: int | None = None,
+        guided: bool = True,
     ) -> None:
         if not isinstance(free, LookupDrafter | SuffixDrafter):
             raise DrafterConfigError(
@@ -139,6 +179,7 @@ class HybridDrafter:
         self.model = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
         self.policy = policy
         self.model_depth = None if model_depth is None else positive_int("model_depth", model_depth)
+        self.guided = bool(guided)
         self.stats = DrafterStats()
         self.costs = CostModel()
         self.mixes: Counter[str] = Counter()
@@ -155,7 +196,7 @@ class HybridDrafter:
     def __repr__(self) -> str:
         return (
             f"HybridDrafter({self.free!r}, {self.model!r}, policy={self.policy!r}, "
-            f"model_depth={self.model_depth})"
+            f"model_depth={self.model_depth}, guided={self.guided})"
         )
 
 
@@ -179,6 +220,8 @@ class HybridSession:
         can_merge = any_children_exact(rule)
         if policy == "fallback":
             return "free"
+        if policy == "guided":
+            return "model"  # the model's own tree; the run only saves its forwards
         if policy == "both" and can_merge:
             return "both"
         return self.drafter.costs.choose(self._bucket, can_merge)
@@ -196,16 +239,18 @@ class HybridSession:
             self.free.match_length(self.free.root_state()) if free_tree.num_nodes else 0
         )
         mix = self._mix(free_tree, rule)
-        self.drafter.mixes[mix] += 1
         stats = self.drafter.stats
         stats.source(self.free.source).seconds += seconds
         forwards = 0
         model_tree = None
+        guess: list[int] = []
         if mix in ("model", "both"):
             model_shape = shape
             if self.drafter.model_depth is not None:
                 model_shape = shape.truncated(self.drafter.model_depth) or shape
-            prop = self.model.propose(model_shape, key, rule, params, noise)
+            if mix == "model" and self.drafter.guided and model_shape.is_chain:
+                guess = main_path(free_tree)  # the model checks the run in its first forward
+            prop = self.model.propose(model_shape, key, rule, params, noise, guess)
             model_tree, forwards = prop.tree, prop.forwards
             seconds += prop.seconds
             stats.source("model").seconds += prop.seconds
@@ -220,10 +265,13 @@ class HybridSession:
             assert model_tree is not None
             tree = model_tree
             self._maps["model"] = list(range(1 + model_tree.num_nodes))
+            if guess:  # the run the model was given: credited where the model's chain kept it
+                self._maps[self.free.source] = map_onto(free_tree, model_tree)
         else:
             assert model_tree is not None
             tree, (fmap, mmap) = merge_trees(key, [free_tree, model_tree])
             self._maps = {self.free.source: fmap, "model": mmap}
+        self.drafter.mixes["guided" if guess else mix] += 1
         self._model_tree = model_tree
         for name, mapping in self._maps.items():
             if len(mapping) > 1:

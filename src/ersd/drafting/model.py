@@ -72,6 +72,7 @@ class ModelDraftSession:
         rule: Method,
         params: SamplingParams,
         noise: RaceNoise,
+        guess: Sequence[int] = (),
     ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
         """Draft a tree of ``shape`` level by level, as a generator of draft-model calls.
 
@@ -79,10 +80,23 @@ class ModelDraftSession:
         (first the root, then one call per level that has children to draft) and receives that
         call's logits; returns the tree.  :meth:`propose` drives it with this session's model; a
         batched engine drives the generators of many sequences with one forward per level.
+
+        ``guess`` (chain shapes only): tokens the chain is expected to start with (a model-free
+        drafter's run).  They are fed with the root, in the first call, so the draft's logits
+        below each guessed prefix come with it; while the token drafted at a level (the rule's
+        own choice from the draft's logits, as always) equals the guess there, the next level
+        needs no forward of its own.  The first level whose drafted token differs is fed and the
+        chain grows on one forward per level.  The tree is the one the draft would draft anyway;
+        a correct guess of ``g`` tokens saves ``g`` forwards, a wrong one costs a wider first
+        call.
         """
         tree = DraftTree.empty(key)
         fed = {DraftTree.ROOT: -1}
-        rows = yield [], []
+        chain = [int(t) for t in guess][: max(shape.depth - 1, 0)] if shape.is_chain else []
+        rows = yield chain, list(range(-1, len(chain) - 1))
+        guessed = rows  # row 1 + d: the draft's logits below guess[: d + 1]
+        pending = len(chain)  # nodes fed to the draft session since the last commit
+        on_guess = 0 if chain else None  # depth of the next chain node the guess may hold
         # (shape node, tree context, draft logits there) of the contexts to expand at this level
         frontier: list[tuple[int, int, torch.Tensor]] = [(-1, DraftTree.ROOT, rows[0])]
         while frontier:
@@ -96,13 +110,21 @@ class ModelDraftSession:
                         grown.append((kid, child))
             if not grown:
                 break
-            base = len(fed) - 1
+            if on_guess is not None:
+                kid, c = grown[0]
+                if on_guess < len(chain) and tree.token_ending(c) == chain[on_guess]:
+                    fed[c] = on_guess  # the guess's node: its logits are already here
+                    frontier = [(kid, c, guessed[1 + on_guess])]
+                    on_guess += 1
+                    continue
+                on_guess = None
             rows = yield (
                 [tree.token_ending(c) for _, c in grown],
                 [fed[tree.parent_context(c)] for _, c in grown],
             )
             for r, (_, c) in enumerate(grown):
-                fed[c] = base + r
+                fed[c] = pending + r
+            pending += len(grown)
             frontier = [(s, c, rows[1 + r]) for r, (s, c) in enumerate(grown)]
         self._fed = fed
         return tree
@@ -114,8 +136,9 @@ class ModelDraftSession:
         rule: Method,
         params: SamplingParams,
         noise: RaceNoise,
+        guess: Sequence[int] = (),
     ) -> Proposal:
-        levels = self.grow(shape, key, rule, params, noise)
+        levels = self.grow(shape, key, rule, params, noise, guess)
         call = next(levels)
         forwards, seconds = 0, 0.0
         while True:

@@ -7,11 +7,13 @@
     lookup+qwen2.5-coder-0.5b       hybrid: lookup and the draft model, mixed per step
     lookup:policy=both+smollm2-135m hybrid with a fixed policy (auto, both, fallback)
     lookup:model_depth=3+smollm2-135m  hybrid whose model drafts only 3 levels of the shape
+    lookup:guided=0+smollm2-135m    hybrid whose model is not given the lookup run as a guess
 
 Options of ``lookup``: ``n``, ``min_n``, ``k``, ``depth``, ``branches``; of ``suffix``:
 ``match``, ``k``, ``depth``, ``branches``, ``corpus`` (a file of token ids, or of text when a
-``tokenize`` function is given; see :func:`ersd.drafting.suffix.read_corpus`).  ``policy`` and
-``model_depth`` are options of the model-free part of a hybrid spec.
+``tokenize`` function is given; see :func:`ersd.drafting.suffix.read_corpus`).  ``policy``,
+``model_depth`` and ``guided`` (1, default, or 0) are options of the model-free part of a hybrid
+spec.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def _free_drafter(
             raise DrafterConfigError(
                 f"drafter option model_depth must be an integer, got {value!r}"
             ) from None
+    if "guided" in opts:
+        value = opts.pop("guided")
+        if value not in ("0", "1"):
+            raise DrafterConfigError(f"drafter option guided must be 0 or 1, got {value!r}")
+        hybrid["guided"] = value == "1"
     corpus = opts.pop("corpus", None) if name == "suffix" else None
     known = FREE_DRAFTERS[name]
     ints: dict[str, Any] = {}
@@ -79,7 +86,7 @@ def _free_drafter(
             extra = ", corpus" if name == "suffix" else ""
             raise DrafterConfigError(
                 f"unknown option {key!r} of drafter {name!r}; its options are "
-                f"{', '.join(known)}{extra} (and policy, model_depth in a hybrid spec)"
+                f"{', '.join(known)}{extra} (and policy, model_depth, guided in a hybrid spec)"
             )
         try:
             ints[key] = int(value)

@@ -43,7 +43,10 @@ class MethodInfo:
     minimal: tuple[str, ...]  # shape templates at budget k, style "minimal"
 
     def shapes(self, k: int, style: str = "natural") -> list[str]:
-        """Tree specs of the templates of ``style`` at budget ``k`` (unchecked, may repeat)."""
+        """Tree specs of the templates of ``style`` at budget ``k`` (unchecked, may repeat);
+        ``chain``: the chain of ``k`` tokens alone."""
+        if style == "chain":
+            return [f"chain:{k}"]
         out = []
         for template in self.natural if style == "natural" else self.minimal:
             for alt in template.split("|"):

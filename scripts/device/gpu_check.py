@@ -2,19 +2,20 @@
 random-weight models with the real SmolLM2 / Qwen2.5-Coder shapes (bf16, CUDA and CPU)."""
 
 import json
+import os
 import sys
 import time
 
+import tests.test_hf_adapter as tha
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ersd
-import tests.test_hf_adapter as tha
 from ersd.models import hf
+from ersd.race import RaceNoise, race_rank, race_ranking, race_winner, root_key
 
 print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
-import os
 
 dev = os.environ.get("DEV", "cuda")
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -29,7 +30,6 @@ def plain_cuda(model, seq):
 tha.plain_logits = plain_cuda
 
 # ---- race noise is device independent: same winners / rankings / ranks on CUDA and CPU ------
-from ersd.race import RaceNoise, race_rank, race_ranking, race_winner, root_key
 
 V = 151936
 noise = RaceNoise(V)
@@ -56,7 +56,8 @@ for name in ["llama-sdpa", "llama-eager", "qwen2-sdpa"]:
             h = hf.from_pretrained_model(m, tree_attention=mode)
             chk = tha.run_random_session(m, h, seed)
             worst = max(worst, chk.worst)
-        print(f"cuda exactness {name:12s} {mode:6s} -> {h.tree_attention:6s} worst |diff| {worst:.2e}")
+        got = h.tree_attention
+        print(f"cuda exactness {name:12s} {mode:6s} -> {got:6s} worst |diff| {worst:.2e}")
 
 target_m = tha.tiny_model("llama", 0).to(dev)
 torch.manual_seed(0)
@@ -70,7 +71,9 @@ for tree in tha.TREE_SPECS:
         assert a.tokens == b.tokens, (tree, seed)
     with torch.no_grad():
         ref = target_m.generate(
-            torch.tensor([[9, 8, 7, 6]], device=dev), do_sample=False, max_new_tokens=20,
+            torch.tensor([[9, 8, 7, 6]], device=dev),
+            do_sample=False,
+            max_new_tokens=20,
             pad_token_id=0,
         )[0, 4:].tolist()
     g = ersd.generate(target, draft, [9, 8, 7, 6], max_new_tokens=20, temperature=0, tree=tree)
@@ -94,8 +97,9 @@ hf.HFModel._forward = synced_forward
 
 
 def build(cfg_file, device, dtype, seed):
-    d = {k: v for k, v in json.load(open(cfg_file)).items()
-         if k not in ("_model_name_or_path", "architectures")}
+    with open(cfg_file) as f:
+        raw = json.load(f)
+    d = {k: v for k, v in raw.items() if k not in ("_model_name_or_path", "architectures")}
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -109,24 +113,45 @@ def split(target, draft, tree, n, reps=3):
         for m in (target, draft):
             m.forward_seconds = 0.0
         t0 = time.perf_counter()
-        r = ersd.generate(target, draft if tree else None, list(range(100, 164)),
-                          max_new_tokens=n, seed=rep, tree=tree or "chain:1")
+        r = ersd.generate(
+            target,
+            draft if tree else None,
+            list(range(100, 164)),
+            max_new_tokens=n,
+            seed=rep,
+            tree=tree or "chain:1",
+        )
         wall = time.perf_counter() - t0
         fwd_d, fwd_t = draft.forward_seconds, target.forward_seconds
         adapter = r.draft_time + r.target_time - fwd_d - fwd_t
-        rows.append((wall, fwd_d, fwd_t, adapter, wall - r.draft_time - r.target_time,
-                     r.target_calls, len(r.tokens)))
+        rows.append(
+            (
+                wall,
+                fwd_d,
+                fwd_t,
+                adapter,
+                wall - r.draft_time - r.target_time,
+                r.target_calls,
+                len(r.tokens),
+            )
+        )
     rows.sort()
     wall, fd, ft, ad, lp, calls, toks = rows[len(rows) // 2]  # the run of median wall time
-    print(f"  {tree or 'target-only':48s} steps={calls:4.0f} tok/step={toks / calls:4.2f} "
-          f"ms/step={1000 * wall / calls:7.2f} | draft fwd {fd / wall:6.1%} target fwd "
-          f"{ft / wall:6.1%} adapter {ad / wall:5.1%} loop {lp / wall:5.1%} "
-          f"(adapter {1000 * ad / calls:.2f} ms, loop {1000 * lp / calls:.2f} ms per step)",
-          flush=True)
+    print(
+        f"  {tree or 'target-only':48s} steps={calls:4.0f} tok/step={toks / calls:4.2f} "
+        f"ms/step={1000 * wall / calls:7.2f} | draft fwd {fd / wall:6.1%} target fwd "
+        f"{ft / wall:6.1%} adapter {ad / wall:5.1%} loop {lp / wall:5.1%} "
+        f"(adapter {1000 * ad / calls:.2f} ms, loop {1000 * lp / calls:.2f} ms per step)",
+        flush=True,
+    )
 
 
-TREES = [None, "chain:4", "multi:2x3",
-         "paths:[[0],[1],[0,0],[1,0],[0,1],[0,0,0],[1,0,0],[0,0,0,0]]"]
+TREES = [
+    None,
+    "chain:4",
+    "multi:2x3",
+    "paths:[[0],[1],[0,0],[1,0],[0,1],[0,0,0],[1,0,0],[0,0,0,0]]",
+]
 PLAN = [
     ("cuda", torch.bfloat16, [("qwen15", "qwen05"), ("smol", "smol")], 64),
     ("cpu", torch.bfloat16, [("smol", "smol")], 24),

@@ -36,7 +36,10 @@ def label(r: dict[str, Any]) -> str:
 
 
 def main(paths: list[str]) -> None:
-    recs = [json.loads(line) for p in paths for line in open(p) if line.strip()]
+    recs = []
+    for path in paths:
+        with open(path) as f:
+            recs += [json.loads(line) for line in f if line.strip()]
     by: dict[tuple[float, str], dict[str, Any]] = collections.defaultdict(dict)
     for r in recs:
         if r.get("kind") == "result" and "error" not in r:
@@ -71,7 +74,9 @@ def main(paths: list[str]) -> None:
                 rows = [d for d in groups if a in d and b in d]
                 if not rows:
                     continue
-                iv = t_interval([d[a]["tokens_per_second"] / d[b]["tokens_per_second"] for d in rows])
+                iv = t_interval(
+                    [d[a]["tokens_per_second"] / d[b]["tokens_per_second"] for d in rows]
+                )
                 same = sum(d[a]["tokens"] == d[b]["tokens"] for d in rows)
                 print(f"- {a} ÷ {b}: {iv.format(3)} ({len(rows)} prompts; same text in {same})")
         ersd = [n for n in names if n.startswith("ersd")]

@@ -92,6 +92,24 @@ class CostModel:
         return max(rates, key=lambda k: rates[k])
 
 
+def map_onto(src: DraftTree, dst: DraftTree, add: bool = False) -> list[int | None]:
+    """Per context of ``src``, the context of ``dst`` holding the same token path (a trie walk,
+    parents first).  A path ``dst`` lacks is added to it (``add``) or mapped to None (with its
+    subtree): which of a model-free proposal's nodes the model's tree kept."""
+    out: list[int | None] = [DraftTree.ROOT] + [None] * src.num_nodes
+    for node in range(src.num_nodes):  # topological order: parents first
+        at = out[DraftTree.context_of(src.parents[node])]
+        if at is None:
+            continue
+        tok = src.tokens[node]
+        hit = next((k for k in dst.children[at] if dst.tokens[k] == tok), None)
+        if hit is not None:
+            out[DraftTree.context_of(node)] = DraftTree.context_of(hit)
+        elif add:
+            out[DraftTree.context_of(node)] = dst.add_child(at, tok)
+    return out
+
+
 def merge_trees(key: int, trees: Sequence[DraftTree]) -> tuple[DraftTree, list[list[int | None]]]:
     """Trie-merge ``trees`` (same root key) into one; a token proposed twice below the same
     context becomes one node.  Returns the merged tree and, per input tree, the merged context of
@@ -99,15 +117,7 @@ def merge_trees(key: int, trees: Sequence[DraftTree]) -> tuple[DraftTree, list[l
     out = DraftTree.empty(key)
     maps: list[list[int | None]] = []
     for t in trees:
-        to_out: list[int | None] = [DraftTree.ROOT] + [None] * t.num_nodes
-        for node in range(t.num_nodes):  # topological order: parents first
-            parent = to_out[DraftTree.context_of(t.parents[node])]
-            assert parent is not None
-            tok = t.tokens[node]
-            found = next((k for k in out.children[parent] if out.tokens[k] == tok), None)
-            to_out[DraftTree.context_of(node)] = (
-                DraftTree.context_of(found) if found is not None else out.add_child(parent, tok)
-            )
+        to_out = map_onto(t, out, add=True)
         for ctx, q in enumerate(t.draft_probs):
             if q is not None and t.children[ctx]:
                 merged = to_out[ctx]
@@ -125,21 +135,6 @@ def main_path(tree: DraftTree) -> list[int]:
         node = tree.children[ctx][0]
         out.append(tree.tokens[node])
         ctx = DraftTree.context_of(node)
-    return out
-
-
-def map_onto(free: DraftTree, tree: DraftTree) -> list[int | None]:
-    """Per context of ``free``, the context of ``tree`` holding the same path (None where
-    ``tree`` has no such path): which of a model-free proposal's nodes the model's tree kept."""
-    out: list[int | None] = [DraftTree.ROOT] + [None] * free.num_nodes
-    for node in range(free.num_nodes):  # parents first
-        at = out[DraftTree.context_of(free.parents[node])]
-        if at is None:
-            continue
-        tok = free.tokens[node]
-        hit = next((k for k in tree.children[at] if tree.tokens[k] == tok), None)
-        if hit is not None:
-            out[DraftTree.context_of(node)] = DraftTree.context_of(hit)
     return out
 
 

@@ -387,6 +387,20 @@ def test_auto_records_its_choices_and_the_report_puts_predictions_next_to_measur
         ]
         cells = [c.strip() for c in x.strip("|").split("|")]
         assert float(cells[6].split()[0]) == pytest.approx(sum(ratios) / len(ratios), abs=0.01)
+    # records written before auto_decode existed, reported beside new ones: empty decode cells
+    lines = out.read_text().splitlines()
+    old = tmp_path / "old.jsonl"
+    with old.open("w") as f:
+        for line in lines:
+            r = json.loads(line)
+            if r.get("tree") == "auto" and r.get("batch_size") == 2:
+                r.pop("auto_decode")
+            f.write(json.dumps(r) + "\n")
+    text = write_report([old], tmp_path / "rep-old")["report"].read_text()
+    after = text[text.index(head) :].split("\n\n")[0].splitlines()
+    table = [x for x in after if x.startswith("| ersd auto | ")]
+    assert [x.count("|") for x in table] == [9, 9]
+    assert [x.split("|")[2].strip() for x in table if "| – | – | – | – |" in x] == ["2"]
 
 
 def test_auto_summary_compares_prediction_and_measurement_over_the_decode_steps() -> None:

@@ -184,12 +184,15 @@ def _auto_lines(rows: list[BatchRow]) -> list[str]:
     for r in autos:
         total = sum((r.auto_trees or {}).values()) or 1
         trees = ", ".join(f"{t} {n / total:.0%}" for t, n in list((r.auto_trees or {}).items())[:3])
-        if decode and r.auto_decode:
+        if decode:  # records from before auto_decode existed: its columns stay empty
             d = r.auto_decode
-            ratio = t_interval(d["ratios"])
+            cells = ["–"] * 4
+            if d:
+                ratio = _fmt(t_interval(d["ratios"]), 2)
+                cells = [str(d["steps"]), f"{d['predicted']:.2f}", f"{d['measured']:.2f}", ratio]
             lines.append(
-                f"| {r.label} | {r.batch_size} | {trees} | {d['steps']} | {d['predicted']:.2f} | "
-                f"{d['measured']:.2f} | {_fmt(ratio, 2)} | {_fmt(r.tokens_per_second, 2)} |"
+                f"| {r.label} | {r.batch_size} | {trees} | {' | '.join(cells)} | "
+                f"{_fmt(r.tokens_per_second, 2)} |"
             )
             continue
         pred = r.auto_predicted or float("nan")

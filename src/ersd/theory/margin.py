@@ -276,8 +276,9 @@ def calibration_curve(
                 "n": int(n),
                 "predicted": pred / n,
                 "observed": rate,
-                "low": max(centre - half, 0.0),
-                "high": min(centre + half, 1.0),
+                # the Wilson interval holds the rate; clamp rounding (centre - half = 1e-17 at 0)
+                "low": min(max(centre - half, 0.0), rate),
+                "high": max(min(centre + half, 1.0), rate),
             }
         )
     return rows

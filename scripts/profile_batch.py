@@ -1,9 +1,15 @@
 #!/usr/bin/env python
 """Where a batched ERSD step spends its time outside model forwards (issue 13's "other").
 
-Loads the Qwen pair (float32 oneDNN target, int8 draft), generates for B HumanEval prompts with
-``generate_batch`` under cProfile and prints the top functions by cumulative and own time, plus
-the engine's per-step split.  Run alone:  python scripts/profile_batch.py --batch 8 --tokens 24
+Loads the Qwen pair (float32 oneDNN target, int8 draft) and generates for B HumanEval prompts
+with the batched engine.  By default under cProfile: prints the top functions by cumulative and
+own time, plus the split of the decode steps (target forwards / draft forwards / other).  With
+``--compare-workers``, no profiler: runs the same batch with the engine's rows worked serially
+(1 thread) and side by side (torch's thread count), alternating, ``--repeats`` times each, and
+prints each run's split and the median "other" share per setting.  Run alone:
+
+    python scripts/profile_batch.py --batch 8 --tokens 24
+    python scripts/profile_batch.py --batch 8 --tokens 24 --compare-workers --repeats 3
 """
 
 from __future__ import annotations
@@ -11,10 +17,32 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
+import torch
+
 import ersd
+from ersd.batch import BatchEngine
 from ersd.bench.prompts import encode_prompt, load_prompts
+
+
+def run(target, draft, ids, tokens: int, tree: str, workers: int | None) -> dict[str, float]:
+    """One batch through the engine: wall time and its split over the decode steps (every step
+    after the first, which feeds the prompts)."""
+    engine = BatchEngine(target, draft)
+    engine.workers = workers
+    for i, p in enumerate(ids):
+        engine.add(p, max_new_tokens=tokens, seed=i, tree=tree, temperature=1.0)
+    engine.step()  # prefill
+    t_f0, d_f0 = target.forward_seconds, draft.forward_seconds
+    t0 = time.perf_counter()
+    n = 0
+    while len(engine):
+        n += sum(len(rec.tokens) for _, rec, _ in engine.step())
+    wall = time.perf_counter() - t0
+    tf, df = target.forward_seconds - t_f0, draft.forward_seconds - d_f0
+    return {"wall": wall, "tokens": n, "target": tf, "draft": df, "other": wall - tf - df}
 
 
 def main() -> None:
@@ -26,26 +54,39 @@ def main() -> None:
     ap.add_argument("--tree", default="chain:4")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--dump", default=None, help="also save the cProfile stats to this file")
+    ap.add_argument("--compare-workers", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     target = ersd.load_model(args.target, dtype="float32")
     draft = ersd.load_model(args.draft, dtype="int8")
     prompts = load_prompts(["humaneval"], "eval", args.batch)
     ids = [encode_prompt(target.tokenizer, p, "raw", 768) for p in prompts][: args.batch]
-    kw = dict(method="ersd", tree=args.tree, temperature=1.0)
-    ersd.generate_batch(target, draft, ids, seeds=0, max_new_tokens=4, **kw)  # warm-up
-    t_f0, d_f0 = target.forward_seconds, draft.forward_seconds
+    run(target, draft, ids, 4, args.tree, None)  # warm-up
+    if args.compare_workers:
+        settings = {"serial": 1, "side by side": torch.get_num_threads()}
+        shares: dict[str, list[float]] = {k: [] for k in settings}
+        for rep in range(args.repeats):
+            order = list(settings) if rep % 2 == 0 else list(settings)[::-1]
+            for name in order:
+                r = run(target, draft, ids, args.tokens, args.tree, settings[name])
+                shares[name].append(r["other"] / r["wall"])
+                print(
+                    f"{name:>12}: {r['tokens']} tokens in {r['wall']:.1f}s, other "
+                    f"{r['other']:.2f}s ({r['other'] / r['wall']:.1%}), target {r['target']:.1f}s, "
+                    f"draft {r['draft']:.1f}s",
+                    flush=True,
+                )
+        for name, xs in shares.items():
+            print(f"median other share, {name}: {statistics.median(xs):.2%}  ({len(xs)} runs)")
+        return
     prof = cProfile.Profile()
-    t0 = time.perf_counter()
     prof.enable()
-    res = ersd.generate_batch(target, draft, ids, seeds=0, max_new_tokens=args.tokens, **kw)
+    r = run(target, draft, ids, args.tokens, args.tree, None)
     prof.disable()
-    wall = time.perf_counter() - t0
-    tf, df = target.forward_seconds - t_f0, draft.forward_seconds - d_f0
-    tokens = sum(len(r.tokens) for r in res)
     print(
-        f"B={args.batch} {args.tree}: {tokens} tokens in {wall:.1f}s; target forwards {tf:.1f}s "
-        f"({tf / wall:.1%}), draft forwards {df:.1f}s ({df / wall:.1%}), other "
-        f"{wall - tf - df:.2f}s ({(wall - tf - df) / wall:.1%})"
+        f"B={args.batch} {args.tree}: {r['tokens']} tokens in {r['wall']:.1f}s; target forwards "
+        f"{r['target']:.1f}s ({r['target'] / r['wall']:.1%}), draft forwards {r['draft']:.1f}s "
+        f"({r['draft'] / r['wall']:.1%}), other {r['other']:.2f}s ({r['other'] / r['wall']:.1%})"
     )
     if args.dump:
         prof.dump_stats(args.dump)

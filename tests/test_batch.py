@@ -53,6 +53,69 @@ def test_each_row_equals_its_solo_run(pair, method: str, temperature: float) -> 
         assert res.finish_reason == solo.finish_reason
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("method", ["ersd", "specinfer"])
+def test_rows_worked_side_by_side_equal_their_solo_runs(
+    pair, monkeypatch, method: str, workers: int
+) -> None:
+    """The engine drafts and verifies its rows on worker threads (``row_map``); each row's
+    tokens stay its solo run's, and the threads are really used when there are several."""
+    import threading
+
+    import ersd.batch as batch_mod
+
+    target, draft = pair
+    seen: set[str] = set()
+    real_verify = batch_mod.verify
+
+    def spy(*args):
+        seen.add(threading.current_thread().name)
+        return real_verify(*args)
+
+    monkeypatch.setattr(batch_mod, "verify", spy)
+    engine = BatchEngine(target, draft)
+    engine.workers = workers
+    ids = [
+        engine.add(p, max_new_tokens=12, seed=i, method=method, tree="multi:2x2", eos_token_id=5)
+        for i, p in enumerate(PROMPTS)
+    ]
+    done: dict[int, ersd.GenerationResult] = {}
+    for _ in range(40):
+        done.update((rid, res) for rid, _, res in engine.step() if res is not None)
+        if not len(engine):
+            break
+    assert set(done) == set(ids)
+    for i, (rid, prompt) in enumerate(zip(ids, PROMPTS, strict=True)):
+        solo = ersd.generate(
+            target,
+            draft,
+            prompt,
+            seed=i,
+            max_new_tokens=12,
+            method=method,
+            tree="multi:2x2",
+            eos_token_id=5,
+        )
+        assert done[rid].tokens == solo.tokens, f"prompt {i}"
+    on_workers = any(name.startswith("ersd-rows") for name in seen)
+    assert on_workers == (workers > 1), seen
+
+
+def test_row_map_keeps_order_and_raises() -> None:
+    from ersd.batch import row_map
+
+    assert row_map(lambda a, b: a * b, [1, 2, 3, 4], [5, 6, 7, 8], workers=2) == [5, 12, 21, 32]
+    assert row_map(lambda a: a + 1, [1], workers=2) == [2]
+
+    def boom(x: int) -> int:
+        if x == 3:
+            raise ValueError("row 3")
+        return x
+
+    with pytest.raises(ValueError, match="row 3"):
+        row_map(boom, [1, 2, 3, 4], workers=2)
+
+
 def test_one_target_forward_per_step(pair) -> None:
     target, draft = pair
     before_t, before_d = target.forward_calls, draft.forward_calls

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from ersd.generation import (
     start_sequence,
     step_shape,
     target_call,
+    verify,
 )
 from ersd.methods import DraftTree, Method, get_method
 from ersd.models.base import LanguageModel
@@ -47,6 +49,27 @@ from ersd.tree import TreeShape
 from ersd.validation import check_seed
 
 _MASK64 = (1 << 64) - 1
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool) of row_map
+
+
+def row_map(
+    fn: Callable[..., Any], *columns: Sequence[Any], workers: int | None = None
+) -> list[Any]:
+    """``list(map(fn, *columns))``, on worker threads when there are several rows and cores.
+
+    The per-row work between a step's forwards (the race noise -- NumPy's Philox fills run without
+    the GIL -- and the probability, race and verification kernels of torch, one thread each for a
+    single distribution) then runs on every core instead of one.  ``fn`` must touch only its own
+    row's state: each result is then exactly what the serial loop gives.  ``workers`` defaults to
+    torch's intra-op thread count; 1 runs serially.
+    """
+    global _POOL
+    n = torch.get_num_threads() if workers is None else workers
+    if min(len(c) for c in columns) < 2 or n < 2:
+        return list(map(fn, *columns))
+    if _POOL is None or _POOL[0] != n:
+        _POOL = (n, ThreadPoolExecutor(n, thread_name_prefix="ersd-rows"))
+    return list(_POOL[1].map(fn, *columns))
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -143,6 +166,8 @@ class BatchEngine:
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
         self._choosers: dict[tuple[Any, ...], Any] = {}  # tree="auto": one chooser per group
+        #: threads for the rows' work between forwards (:func:`row_map`; None: torch's count)
+        self.workers: int | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -236,16 +261,27 @@ class BatchEngine:
         ]
         logits = score_many(self.target, [r.seq.target for r in rows], calls)
         target_time = time.perf_counter() - t0
+        scored = [lg[: 1 + p.tree.num_nodes] for p, lg in zip(proposals, logits, strict=True)]
+        verdicts = row_map(
+            verify,
+            [r.settings for r in rows],
+            [p.tree for p in proposals],
+            scored,
+            workers=self.workers,
+        )
         out: list[tuple[int, StepRecord, GenerationResult | None]] = []
-        for row, prop, depth, lg in zip(rows, proposals, depths, logits, strict=True):
+        for row, prop, depth, lg, verdict in zip(
+            rows, proposals, depths, scored, verdicts, strict=True
+        ):
             rec = settle(
                 row.settings,
                 row.seq,
                 prop,
                 depth,
-                lg[: 1 + prop.tree.num_nodes],
+                lg,
                 target_time=target_time,
                 started=started,
+                verdict=verdict,
             )
             row.records.append(rec)
             done = None
@@ -303,16 +339,28 @@ class BatchEngine:
             model = self.drafter.model  # type: ignore[union-attr]
             pending = {i: next(g) for i, g in growing.items()}
             forwards = dict.fromkeys(growing, 0)
+            # sessions that share state across rows (a dynamic drafter's predictor and counters)
+            # draft one row at a time; plain model drafting works on the rows side by side
+            side_by_side = all(
+                rows[i].seq.drafter.parallel_grow  # type: ignore[union-attr]
+                for i in growing
+            )
             while pending:
                 idx = list(pending)
                 sessions = [rows[i].seq.drafter.session for i in idx]  # type: ignore[union-attr]
                 outs = score_many(model, sessions, [pending[i] for i in idx])
-                for i, rows_i in zip(idx, outs, strict=True):
+                sent = row_map(
+                    _resume,
+                    [growing[i] for i in idx],
+                    outs,
+                    workers=self.workers if side_by_side else 1,
+                )
+                for i, (call, tree) in zip(idx, sent, strict=True):
                     forwards[i] += 1
-                    try:
-                        pending[i] = growing[i].send(rows_i)
-                    except StopIteration as done:
-                        proposals[i] = Proposal(done.value, forwards=forwards[i])
+                    if tree is None:
+                        pending[i] = call
+                    else:
+                        proposals[i] = Proposal(tree, forwards=forwards[i])
                         del pending[i]
         draft_time = time.perf_counter() - t0
         for p in proposals:
@@ -320,6 +368,16 @@ class BatchEngine:
             if p.forwards:
                 p.seconds = draft_time  # the shared forwards' time, as each row saw it
         return proposals, depths, draft_time  # type: ignore[return-value]
+
+
+def _resume(
+    gen: Generator[Any, torch.Tensor, DraftTree], logits: torch.Tensor
+) -> tuple[Any, DraftTree | None]:
+    """Send one draft forward's logits to a growing tree: (its next call, None) or (None, tree)."""
+    try:
+        return gen.send(logits), None
+    except StopIteration as done:
+        return None, done.value
 
 
 def generate_batch_stream(

@@ -195,9 +195,14 @@ def settle(
     *,
     target_time: float,
     started: float,
+    verdict: TreeVerification | None = None,
 ) -> StepRecord:
-    """Verify and commit a scored step; its record (``started``: the step's perf_counter)."""
-    verdict = verify(settings, proposal.tree, logits)
+    """Verify and commit a scored step; its record (``started``: the step's perf_counter).
+
+    ``verdict``: :func:`verify`'s result when the caller already computed it (the batched engine
+    verifies its rows side by side, then settles them one by one)."""
+    if verdict is None:
+        verdict = verify(settings, proposal.tree, logits)
     tokens, accepted = commit(settings, seq, verdict)
     seq.steps += 1
     rec = StepRecord(

@@ -23,6 +23,8 @@ draws are clamped away from 0 so that ``0 / 0`` can never occur.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -75,7 +77,9 @@ class RaceNoise:
 
     ``exponentials(key, stream)`` returns ``E`` (float64, CPU) for every token.  The same
     (key, stream) always gives the same vector, whichever order races are asked for in; a small
-    LRU cache lets drafter and target share one computation.
+    LRU cache lets drafter and target share one computation.  It may be used from several threads
+    at once (the batched engine works on its rows side by side): the cache is locked, the draws
+    are not (NumPy fills them without the GIL).
     """
 
     def __init__(self, vocab_size: int, cache_size: int = 64) -> None:
@@ -84,6 +88,7 @@ class RaceNoise:
         self.vocab_size = int(vocab_size)
         self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()
 
     @staticmethod
     def _generator(key: int, stream: int) -> np.random.Generator:
@@ -96,16 +101,18 @@ class RaceNoise:
     def exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
         """``E_i ~ Exp(1)`` i.i.d. over the vocabulary (float64, CPU), keyed by (key, stream)."""
         cache_key = (key, stream)
-        hit = self._cache.get(cache_key)
-        if hit is not None:
-            self._cache.move_to_end(cache_key)
-            return hit
+        with self._lock:
+            hit = self._cache.get(cache_key)
+            if hit is not None:
+                self._cache.move_to_end(cache_key)
+                return hit
         e = self._generator(key, stream).standard_exponential(self.vocab_size)
         np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
         out = torch.from_numpy(e)
-        self._cache[cache_key] = out
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[cache_key] = out
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return out
 
 
@@ -116,9 +123,18 @@ def race_scores(probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor
     return e / p
 
 
+def _first_min(scores: torch.Tensor) -> int:
+    """Index of the first smallest score (lowest id on ties).  On the CPU through NumPy, whose
+    SIMD argmin over a 152k vocabulary is ~15x faster than torch's; the same index either way
+    (scores are never NaN: ``E > 0`` and ``p`` is finite)."""
+    if scores.device.type == "cpu":
+        return int(scores.numpy().argmin())
+    return int(torch.argmin(scores).item())
+
+
 def race_winner(probs: torch.Tensor, exponentials: torch.Tensor) -> int:
     """The race winner ``argmin_i E_i / p_i``: an exact sample from ``probs``."""
-    return int(torch.argmin(race_scores(probs, exponentials)).item())
+    return _first_min(race_scores(probs, exponentials))
 
 
 def race_ranking(probs: torch.Tensor, exponentials: torch.Tensor, m: int) -> list[int]:
@@ -130,7 +146,7 @@ def race_ranking(probs: torch.Tensor, exponentials: torch.Tensor, m: int) -> lis
     scores = race_scores(probs, exponentials)
     m = min(m, scores.numel())
     if m == 1:  # a chain's node: argmin is ~6x cheaper than topk over a large vocabulary
-        i = int(torch.argmin(scores).item())  # the first minimum: lowest id on ties, as below
+        i = _first_min(scores)  # the first minimum: lowest id on ties, as below
         return [] if scores[i].item() == float("inf") else [i]
     values = torch.topk(scores, m, largest=False, sorted=True).values
     # every token scoring at most the m-th best (topk picks arbitrarily among exact ties), then
@@ -144,7 +160,9 @@ def race_ranking(probs: torch.Tensor, exponentials: torch.Tensor, m: int) -> lis
 def race_rank(probs: torch.Tensor, exponentials: torch.Tensor, token: int) -> int:
     """1-based rank of ``token`` in the race over ``probs`` (``vocab + 1`` if it has zero mass)."""
     scores = race_scores(probs, exponentials)
-    s = scores[token]
-    if torch.isinf(s):
+    s = float(scores[token])
+    if math.isinf(s):
         return scores.numel() + 1
+    if scores.device.type == "cpu":  # NumPy's count is ~4x cheaper than torch's compare-and-sum
+        return int(np.count_nonzero(scores.numpy() < s)) + 1
     return int((scores < s).sum().item()) + 1

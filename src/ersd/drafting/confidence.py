@@ -170,6 +170,8 @@ class ConfidenceDraftSession(ModelDraftSession):
     """One sequence's confidence-grown drafting (the generator protocol of
     :meth:`ModelDraftSession.grow`, so a batched engine can drive it)."""
 
+    parallel_grow = False  # its drafter's predictor, events and counters are shared
+
     def __init__(self, session: ModelSession, drafter: ConfidenceDrafter) -> None:
         super().__init__(session)
         self.drafter = drafter

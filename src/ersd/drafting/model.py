@@ -41,6 +41,10 @@ class ModelDrafter:
 class ModelDraftSession:
     """Drafting state of one sequence: the draft model's session and the last tree's feed map."""
 
+    #: whether the batched engine may grow this session's tree on a worker thread while other
+    #: rows grow theirs (True when growing touches only this session's own state)
+    parallel_grow = True
+
     def __init__(self, session: ModelSession) -> None:
         self.session = session
         # context of the last proposed tree -> its pending index in the draft session

@@ -120,3 +120,50 @@ def test_bundled_dynamic_config_validates() -> None:
     cfg = load_config("qwen-cpu-dynamic")
     assert any(s.startswith("dynamic") for s in cfg.run.trees["ersd"])
     load_config("qwen-cpu-dynamic", quick=True)
+
+
+@pytest.mark.parametrize("method", ["sd", "specinfer", "spectr"])
+def test_baseline_dynamic_entries_run_with_their_own_method(method: str) -> None:
+    """A `dynamic:K` entry listed under a baseline runs that method on its confidence-grown tree
+    (it once ran ERSD's calibrated tree under the baseline's label)."""
+    import ersd
+    from ersd.bench import dynamic as dynamic_trees
+    from tests.toy import mixed_draft, table_model
+
+    target = table_model(30, seed=0)
+    draft = mixed_draft(target, table_model(30, seed=1), 0.3)
+    dyn = dynamic_trees.setup("dynamic:4@2", None, 1.0, method)
+    assert dyn is not None
+    for seed in range(3):
+        res, extra = dynamic_trees.run_dynamic(
+            dyn, target, draft, [1, 2], temperature=1.0, seed=seed, max_new_tokens=16, eos=None
+        )
+        alone = ersd.generate(
+            target,
+            draft,
+            [1, 2],
+            method=method,
+            tree="dynamic:4@2",
+            seed=seed,
+            max_new_tokens=16,
+            temperature=1.0,
+        )
+        assert res.tokens == alone.tokens
+        assert res.method == method
+        assert extra["margin_events"] is None  # no race margins: not ERSD's policy
+        assert all(e is None for e in extra["expected_tokens"])
+
+
+def test_bench_records_of_baseline_dynamic_entries(tmp_path: Path) -> None:
+    cfg = config_from_dict(
+        _config(trees={"ersd": ["dynamic:4"], "specinfer": ["dynamic:4@2"]}, temperatures=[1.0]),
+        source="smoke-toy+baseline-dynamic",
+    )
+    out = tmp_path / "dyn.jsonl"
+    run_bench(cfg, out, progress=False, log=lambda m: None)
+    _, recs = _records(out)
+    spec = [r for r in recs if r["tree"] == "dynamic:4@2"]
+    assert spec and all(r["method"] == "specinfer" and "error" not in r for r in spec)
+    assert all(r["margin_events"] is None for r in spec)
+    ours = [r for r in recs if r["method"] == "ersd" and r["tree"] == "dynamic:4"]
+    assert ours and all(r["margin_events"] for r in ours)

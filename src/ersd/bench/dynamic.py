@@ -5,7 +5,10 @@ A config lists them next to the static shapes, e.g. ``[run] trees = { ersd = ["d
 :class:`ersd.drafting.DynamicDrafter` whose acceptance predictor comes from the calibration's
 profile at the run's temperature (its margin table, recorded by ``ersd bench calibrate``) and whose
 cost model is the calibration's forward-cost curves.  The drafter learns nothing during a run
-(``learn=False``): every configuration sees the same calibrated predictor.
+(``learn=False``): every configuration sees the same calibrated predictor.  Entries listed under
+``sd``, ``specinfer`` or ``spectr`` run with that method and a fresh
+:class:`ersd.drafting.ConfidenceDrafter` (grown from the draft's confidence, no calibration; their
+records carry ``policy_time`` and ``expected_tokens`` of None per step, no ``margin_events``).
 
 Besides the usual fields, a dynamic run's record holds ``expected_tokens`` (the predicted tokens
 per call of each step's tree), ``policy_time`` (seconds spent choosing nodes) and
@@ -21,7 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import ersd
+from ersd.drafting import ModelDrafter
+from ersd.drafting.confidence import ConfidenceDrafter, baseline_drafter
 from ersd.drafting.dynamic import DynamicDrafter, DynamicSpec, MarginEvent, parse_dynamic
+from ersd.methods import get_method
 from ersd.theory.margin import MarginPredictor
 from ersd.theory.profile import nearest_temperature
 from ersd.tree import TreeShape
@@ -38,10 +44,13 @@ class DynamicSetup:
     draft model of a run."""
 
     spec: DynamicSpec
-    predictor: MarginPredictor
+    predictor: MarginPredictor | None
     costs: Any
+    method: str = "ersd"
 
-    def drafter(self, model: Any) -> DynamicDrafter:
+    def drafter(self, model: Any) -> DynamicDrafter | ConfidenceDrafter:
+        if self.method != "ersd":  # SD / SpecInfer / SpecTr: grown from the draft's confidence
+            return baseline_drafter(self.spec, ModelDrafter(model), get_method(self.method))
         return DynamicDrafter(
             model,
             self.spec.budget,
@@ -54,11 +63,16 @@ class DynamicSetup:
         )
 
 
-def setup(spec: str, calibration: Any, temperature: float) -> DynamicSetup | None:
+def setup(
+    spec: str, calibration: Any, temperature: float, method: str = "ersd"
+) -> DynamicSetup | None:
     """The calibrated settings of ``spec`` at ``temperature``; None when the calibration has no
-    margin table (or no cost curves for ``dynamic-cost``): the entry is then skipped."""
+    margin table (or no cost curves for ``dynamic-cost``): the entry is then skipped.  The
+    baselines' confidence-grown trees need no calibration (``predictor`` None)."""
     s = parse_dynamic(spec)
     assert s is not None
+    if method != "ersd":
+        return DynamicSetup(s, None, None, method)
     if calibration is None or not calibration.profiles:
         return None
     prof = nearest_temperature(calibration.profiles, temperature)
@@ -95,7 +109,7 @@ def run_dynamic(
         drafter,
         ids,
         max_new_tokens=max_new_tokens,
-        method="ersd",
+        method=dyn.method,
         tree=TreeShape.chain(drafter.depth_cap),  # the envelope: depth cap, cut near the end
         temperature=temperature,
         seed=seed,
@@ -104,6 +118,8 @@ def run_dynamic(
     extra = {
         "expected_tokens": [s.expected_tokens for s in res.steps],
         "policy_time": drafter.policy_seconds,
-        "margin_events": [_event(e) for e in drafter.events],
+        "margin_events": (
+            [_event(e) for e in drafter.events] if isinstance(drafter, DynamicDrafter) else None
+        ),
     }
     return res, extra

@@ -79,7 +79,7 @@ def plan(cfg: BenchConfig, temperature: float, cal: Calibration | None) -> list[
                 entries.append(Entry(method, "auto"))
             return
         if dynamic_trees.is_dynamic(spec):  # grown per step by ersd.drafting.DynamicDrafter
-            dyn = dynamic_trees.setup(spec, cal, temperature)
+            dyn = dynamic_trees.setup(spec, cal, temperature, method)
             if dyn is not None:
                 entries.append(Entry(method, spec, None, dyn.spec.budget, dynamic=dyn))
             return

@@ -170,7 +170,7 @@ class ConfidenceDraftSession(ModelDraftSession):
     """One sequence's confidence-grown drafting (the generator protocol of
     :meth:`ModelDraftSession.grow`, so a batched engine can drive it)."""
 
-    parallel_grow = False  # its drafter's predictor, events and counters are shared
+    parallel_grow = False  # it adds to its drafter's shared policy_seconds counter
 
     def __init__(self, session: ModelSession, drafter: ConfidenceDrafter) -> None:
         super().__init__(session)

@@ -136,7 +136,7 @@ class RaceDraftSession(ModelDraftSession):
     """A model draft session that keeps the draft's race at every context it drafts for ERSD
     and, on ``observe``, reports the target winner's rank there (:class:`MarginEvent`)."""
 
-    parallel_grow = False  # its drafter's predictor, events and counters are shared
+    parallel_grow = False  # it reports to shared state (a margin table, a predictor, counters)
 
     def __init__(
         self, session: ModelSession, on_event: Callable[[MarginEvent], None] | None

@@ -176,3 +176,50 @@ def test_rows_joining_mid_run_keep_their_outputs(pair) -> None:
     for k, (_, prompt, seed, n, tree) in enumerate(plan):
         solo = ersd.generate(target, draft, prompt, seed=seed, max_new_tokens=n, tree=tree)
         assert got[ids[k]] == solo.tokens, f"row {k} differs from its solo run"
+
+
+def test_engine_rows_size_their_storage_once(pair) -> None:
+    """The engine tells each row's sessions how long they may grow (prompt + max_new_tokens + one
+    step's tree), so the storage is made wide enough when the rows join and never regrown (a
+    regrowth copies every slot); without the hint the same run regrows.  Tokens are unchanged."""
+    target, draft = pair
+    prompts = [[5, 17, 42], [7] * 9, [100, 3, 9, 250]]
+    grows: list[tuple[str, int]] = []
+    for model, name in ((target, "target"), (draft, "draft")):
+        store = slot_store(model)
+        assert store is not None
+        real = store.reserve
+
+        def spy(slots: int, columns: int, planned: int = 0, real=real, store=store, name=name):
+            before = store.capacity
+            real(slots, columns, planned)
+            if store.capacity != before:
+                grows.append((name, store.capacity))
+
+        store.reserve = spy  # type: ignore[method-assign]
+
+    def run(hint: bool) -> list[list[int]]:
+        grows.clear()
+        engine = BatchEngine(target, draft)
+        for i, p in enumerate(prompts):
+            rid = engine.add(p, seed=i, max_new_tokens=150, tree="chain:3", temperature=1.0)
+            if not hint:
+                row = engine._rows[rid]
+                row.seq.target.expected_length = row.seq.drafter.session.expected_length = 0
+        done: dict[int, list[int]] = {}
+        while engine.active:
+            for rid, _rec, res in engine.step():
+                if res is not None:
+                    done[rid] = res.tokens
+        return [done[k] for k in sorted(done)]
+
+    hinted = run(hint=True)
+    assert sorted(grows) == [("draft", 192), ("target", 192)], grows  # 9 + 150 + 4, aligned
+    unhinted = run(hint=False)
+    assert len(grows) > 2, "without the hint the storage should have regrown"
+    assert hinted == unhinted
+    for i, p in enumerate(prompts):
+        solo = ersd.generate(
+            target, draft, p, seed=i, max_new_tokens=150, tree="chain:3", temperature=1.0
+        )
+        assert hinted[i] == solo.tokens

@@ -206,6 +206,7 @@ class BatchEngine:
         if settings.chooser is not None:  # tree="auto": one chooser per group of like rows
             settings = replace(settings, chooser=self._shared_chooser(settings))
         seq = start_sequence(self.target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
+        _expect_lengths(seq, len(prompt) + max_new_tokens + _tree_slack(settings))
         rid = next(self._ids)
         self._rows[rid] = Row(rid, settings, seq)
         return rid
@@ -368,6 +369,25 @@ class BatchEngine:
             if p.forwards:
                 p.seconds = draft_time  # the shared forwards' time, as each row saw it
         return proposals, depths, draft_time  # type: ignore[return-value]
+
+
+def _tree_slack(settings: Settings) -> int:
+    """Cache entries a row's draft tree may add on top of its committed tokens in one step."""
+    if settings.chooser is not None:
+        return int(settings.chooser.auto.max_nodes) + 1
+    shape = settings.shape
+    return (shape.num_nodes if shape is not None else 0) + settings.min_forward_tokens
+
+
+def _expect_lengths(seq: SequenceState, tokens: int) -> None:
+    """Tell the row's sessions how long they may grow (a backend's optional ``expect_length``
+    hint: batched KV storage is then sized once instead of regrown)."""
+    if seq.max_length is not None:
+        tokens = min(tokens, seq.max_length)
+    for sess in (seq.target, getattr(seq.drafter, "session", None)):
+        expect = getattr(sess, "expect_length", None)
+        if callable(expect):
+            expect(tokens)
 
 
 def _resume(

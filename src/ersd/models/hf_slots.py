@@ -77,16 +77,24 @@ class SlotStore:
         """Slots held by sessions."""
         return sum(o is not None for o in self.owners)
 
-    def reserve(self, slots: int, columns: int) -> None:
+    def reserve(self, slots: int, columns: int, planned: int = 0) -> None:
         """Grow (geometrically, zero-filled) to at least ``slots`` slots of ``columns`` columns.
 
-        Nothing is ever copied from a row's past except here (a regrowth) and in a compaction."""
+        ``planned``: the columns the rows are expected to need in all (their sessions'
+        ``expected_length``); a store that must grow anyway, or that is narrower than that,
+        grows to it at once.  Nothing is ever copied from a row's past except here (a regrowth)
+        and in a compaction."""
         have_s, have_c = len(self.owners), self.capacity
-        if slots <= have_s and columns <= have_c:
+        need = max(columns, planned)
+        if slots <= have_s and need <= have_c:
             return
         new_s = have_s if slots <= have_s else max(slots, have_s + have_s // 2)
-        # a quarter of headroom: rows grow a few columns a step, a regrowth copies everything
-        new_c = have_c if columns <= have_c else max(columns + columns // 4, have_c + have_c // 2)
+        if need <= have_c:
+            new_c = have_c
+        elif planned >= columns:  # the rows' own plan: no headroom on top of it
+            new_c = max(planned, have_c + have_c // 2) if have_c else planned
+        else:  # a quarter of headroom: rows grow a few columns a step, a regrowth copies all
+            new_c = max(columns + columns // 4, have_c + have_c // 2)
         new_c = -(-new_c // _ALIGN) * _ALIGN
         layers, heads, head_dim = self.shape
         kv = torch.zeros(
@@ -121,7 +129,8 @@ class SlotStore:
             return held[0]
         joining = [s for s, r in zip(sessions, refs, strict=True) if r is None]
         widest = max([columns, *(s._cache.get_seq_length() for s in joining)])
-        self.reserve(max(n, self.used + len(joining)), widest)
+        planned = max([0, *(s.expected_length for s in joining)])
+        self.reserve(max(n, self.used + len(joining)), widest, planned)
         mine = {id(r) for r in refs if r is not None}
         holes = [s for s in range(n) if self.owners[s] is None or id(self.owners[s]) not in mine]
         outside = [r for r in refs if r is not None and r.slot >= n]

@@ -183,7 +183,7 @@ def test_engine_rows_size_their_storage_once(pair) -> None:
     step's tree), so the storage is made wide enough when the rows join and never regrown (a
     regrowth copies every slot); without the hint the same run regrows.  Tokens are unchanged."""
     target, draft = pair
-    prompts = [[5, 17, 42], [7] * 9, [100, 3, 9, 250]]
+    prompts = [[5, 17, 42] * 12, [7] * 40, [100, 3, 9, 250] * 8]
     grows: list[tuple[str, int]] = []
     for model, name in ((target, "target"), (draft, "draft")):
         store = slot_store(model)
@@ -202,7 +202,7 @@ def test_engine_rows_size_their_storage_once(pair) -> None:
         grows.clear()
         engine = BatchEngine(target, draft)
         for i, p in enumerate(prompts):
-            rid = engine.add(p, seed=i, max_new_tokens=150, tree="chain:3", temperature=1.0)
+            rid = engine.add(p, seed=i, max_new_tokens=60, tree="chain:3", temperature=1.0)
             if not hint:
                 row = engine._rows[rid]
                 row.seq.target.expected_length = row.seq.drafter.session.expected_length = 0
@@ -214,12 +214,27 @@ def test_engine_rows_size_their_storage_once(pair) -> None:
         return [done[k] for k in sorted(done)]
 
     hinted = run(hint=True)
-    assert sorted(grows) == [("draft", 192), ("target", 192)], grows  # 9 + 150 + 4, aligned
+    # made once per model, 40 + 60 + 4 columns wide (64-aligned), never regrown
+    assert sorted(grows) == [("draft", 128), ("target", 128)], grows
     unhinted = run(hint=False)
     assert len(grows) > 2, "without the hint the storage should have regrown"
     assert hinted == unhinted
     for i, p in enumerate(prompts):
         solo = ersd.generate(
-            target, draft, p, seed=i, max_new_tokens=150, tree="chain:3", temperature=1.0
+            target, draft, p, seed=i, max_new_tokens=60, tree="chain:3", temperature=1.0
         )
         assert hinted[i] == solo.tokens
+
+
+def test_length_hint_reserves_at_most_twice_the_rows(pair) -> None:
+    """A row allowed many more tokens than it holds does not reserve them all at once."""
+    target, _ = pair
+    a, b = target.start([1, 2, 3] * 10), target.start([4, 5])
+    a.expect_length(100_000)
+    for s in (a, b):
+        s.score([], [])  # solo prefills; the batched call below gives them slots
+    score_many(target, [a, b], [([6], [-1]), ([7], [-1])])
+    store = slot_store(target)
+    assert store is not None and 31 <= store.capacity <= 2 * 31 + 63  # 64-column alignment
+    a.close()
+    b.close()

@@ -129,7 +129,9 @@ class SlotStore:
             return held[0]
         joining = [s for s, r in zip(sessions, refs, strict=True) if r is None]
         widest = max([columns, *(s._cache.get_seq_length() for s in joining)])
-        planned = max([0, *(s.expected_length for s in joining)])
+        # the rows' plan, but never more than twice what they hold now: a request allowed 4096
+        # new tokens that stops at 100 must not hold 4096 columns in every slot
+        planned = min(max([0, *(s.expected_length for s in joining)]), 2 * widest)
         self.reserve(max(n, self.used + len(joining)), widest, planned)
         mine = {id(r) for r in refs if r is not None}
         holes = [s for s in range(n) if self.owners[s] is None or id(self.owners[s]) not in mine]

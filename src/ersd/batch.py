@@ -123,8 +123,7 @@ class Row:
 
     def close(self) -> None:
         """Free the row's sessions (KV caches, batch slots) now, where they can be closed."""
-        drafter = self.seq.drafter
-        for sess in (self.seq.target, getattr(drafter, "session", drafter)):
+        for sess in _sessions(self.seq):
             close = getattr(sess, "close", None)
             if callable(close):
                 close()
@@ -371,12 +370,20 @@ class BatchEngine:
         return proposals, depths, draft_time  # type: ignore[return-value]
 
 
+def _sessions(seq: SequenceState) -> tuple[Any, Any]:
+    """The row's target session and its drafter's model session (or the draft session itself,
+    for drafters without a model; None without a drafter)."""
+    return seq.target, getattr(seq.drafter, "session", seq.drafter)
+
+
 def _tree_slack(settings: Settings) -> int:
     """Cache entries a row's draft tree may add on top of its committed tokens in one step."""
-    if settings.chooser is not None:
-        return int(settings.chooser.auto.max_nodes) + 1
     shape = settings.shape
-    return (shape.num_nodes if shape is not None else 0) + settings.min_forward_tokens
+    if settings.chooser is not None:
+        nodes = int(settings.chooser.auto.max_nodes)
+    else:
+        nodes = shape.num_nodes if shape is not None else 0
+    return nodes + settings.min_forward_tokens
 
 
 def _expect_lengths(seq: SequenceState, tokens: int) -> None:
@@ -384,7 +391,7 @@ def _expect_lengths(seq: SequenceState, tokens: int) -> None:
     hint: batched KV storage is then sized once instead of regrown)."""
     if seq.max_length is not None:
         tokens = min(tokens, seq.max_length)
-    for sess in (seq.target, getattr(seq.drafter, "session", None)):
+    for sess in _sessions(seq):
         expect = getattr(sess, "expect_length", None)
         if callable(expect):
             expect(tokens)

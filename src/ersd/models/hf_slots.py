@@ -92,7 +92,7 @@ class SlotStore:
         if need <= have_c:
             new_c = have_c
         elif planned >= columns:  # the rows' own plan: no headroom on top of it
-            new_c = max(planned, have_c + have_c // 2) if have_c else planned
+            new_c = max(planned, have_c + have_c // 2)
         else:  # a quarter of headroom: rows grow a few columns a step, a regrowth copies all
             new_c = max(columns + columns // 4, have_c + have_c // 2)
         new_c = -(-new_c // _ALIGN) * _ALIGN

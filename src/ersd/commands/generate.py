@@ -86,6 +86,15 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "or rank-profile file), paths:[[0],[1],[0,0]], (ERSD) dynamic:K[@D], or auto[@FILE] (each "
     "step the tree, or no drafting, of highest predicted tokens/s; docs/auto-tree.md).",
 )
+@click.option(
+    "--draft-sharpness",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="ERSD: the drafter races q**BETA instead of q (1 = the paper's rule; > 1 for a target "
+    "more confident than its draft, e.g. 1.3 on the Qwen pair). Never changes the text, only "
+    "how much is accepted; fit it with `ersd bench calibrate` (docs/dynamic.md).",
+)
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=None)
 @click.option("--top-p", type=float, default=None)
@@ -135,6 +144,7 @@ def generate(
     models: ModelArgs,
     method: str,
     tree: str,
+    draft_sharpness: float,
     temperature: float,
     top_k: int | None,
     top_p: float | None,
@@ -175,7 +185,7 @@ def generate(
     prompt = prompt if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
-        ersd.get_method(method)
+        meth = ersd_method(method, draft_sharpness)
         # dynamic:K[@D] trees are grown by ersd.generate itself (ersd.drafting.dynamic), auto
         # trees chosen by it per step (ersd.auto)
         if parse_dynamic(tree):
@@ -193,7 +203,7 @@ def generate(
         log(f"[loaded in {pair.seconds:.1f}s: {pair.summary()}]")
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
-            method=method,
+            method=meth,
             tree=shape,
             temperature=temperature,
             top_k=top_k,
@@ -223,6 +233,22 @@ def generate(
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(out_obj))
+
+
+def ersd_method(method: str, draft_sharpness: float) -> Any:
+    """The method to run: ``method``'s registered object, or ERSD with its draft sharpness."""
+    import ersd
+    from ersd.methods.ersd import ERSD
+
+    meth = ersd.get_method(method)
+    if draft_sharpness == 1.0:
+        return meth
+    if not isinstance(meth, ERSD):
+        raise click.UsageError(
+            f"--draft-sharpness {draft_sharpness:g} sharpens ERSD's draft race; method "
+            f"{method!r} has no shared race (drop the option or use --method ersd)"
+        )
+    return ERSD(draft_sharpness=draft_sharpness)
 
 
 def _generate_one(

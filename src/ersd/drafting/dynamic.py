@@ -1,6 +1,6 @@
 """Dynamic ERSD trees: the draft grows each step's tree best-first from its own races.
 
-At every context it drafts, the draft model's race ``E_i / q_i`` (the race ERSD shares with the
+At every context it drafts, the draft model's race ``E_i / q_i**beta`` (the race ERSD shares with the
 target) gives the candidates (ranks 1, 2, ...) and the **margin** ``log(s_2 / s_1)`` between the
 winner's and the runner-up's scores.  A calibrated :class:`~ersd.theory.margin.MarginPredictor`
 maps (depth, margin) to ``a_r = P(target's winner = the draft's rank-r candidate)``; a node's value
@@ -106,7 +106,7 @@ class MarginEvent:
 @dataclass
 class _Race:
     depth: int  # depth of the children drafted here (1 = children of the root)
-    scores: torch.Tensor  # E_i / q_i
+    scores: torch.Tensor  # E_i / q_i**beta
     tokens: list[int]  # candidates, best first
     margin: float
     reach: float = 1.0
@@ -115,15 +115,22 @@ class _Race:
 
 
 def _race(
-    logits: torch.Tensor, params: SamplingParams, noise: RaceNoise, key: int, m: int, depth: int
+    logits: torch.Tensor,
+    params: SamplingParams,
+    noise: RaceNoise,
+    key: int,
+    m: int,
+    depth: int,
+    rule: ERSD,
 ) -> tuple[torch.Tensor, _Race]:
     """The draft's race at one context: (draft probabilities, race with ``m`` candidates).
 
     The candidates are ERSD's drafting order (:func:`ersd.race.race_ranking`): the smallest
-    ``E_i / q_i`` first, ties to the lowest token id, zero-mass tokens never.
+    ``E_i / q_i**beta`` first (``beta``: the rule's draft sharpness), ties to the lowest token id,
+    zero-mass tokens never.
     """
     q = logits_to_probs(logits, params)
-    scores = race_scores(q, noise.exponentials(key, STREAM_RACE))
+    scores = race_scores(rule.race_probs(q), noise.exponentials(key, STREAM_RACE))
     k = min(max(m, 2), scores.numel())
     vals, idx = torch.topk(scores, k, largest=False, sorted=True)
     pairs = sorted(zip(vals.tolist(), idx.tolist(), strict=True))
@@ -153,9 +160,10 @@ class RaceDraftSession(ModelDraftSession):
         m: int,
         params: SamplingParams,
         noise: RaceNoise,
+        rule: ERSD,
     ) -> _Race:
         depth = tree.depth_of(tree.node_of(ctx)) + 1
-        q, race = _race(logits, params, noise, tree.keys[ctx], m, depth)
+        q, race = _race(logits, params, noise, tree.keys[ctx], m, depth, rule)
         tree.draft_probs[ctx] = q
         self._races[ctx] = race
         return race
@@ -172,7 +180,7 @@ class RaceDraftSession(ModelDraftSession):
     ) -> list[int]:
         if not isinstance(rule, ERSD):
             return super()._draft_at(tree, ctx, logits, num_children, rule, params, noise)
-        race = self._race_at(tree, ctx, logits, num_children, params, noise)
+        race = self._race_at(tree, ctx, logits, num_children, params, noise, rule)
         race.children = len(race.tokens)
         return race.tokens
 
@@ -346,7 +354,7 @@ class DynamicDraftSession(RaceDraftSession):
         call per round.  ``shape`` is an envelope: only its depth is used (the depth cap)."""
         cap = min(shape.depth, self.drafter.depth_cap)
         if isinstance(rule, ERSD):
-            return (yield from self._grow_dynamic(key, params, noise, cap))
+            return (yield from self._grow_dynamic(key, rule, params, noise, cap))
         if isinstance(rule, GreedyRule):  # temperature 0: the chain (nothing to rank)
             chain = TreeShape.chain(min(self.drafter.budget, cap))
             return (yield from super().grow(chain, key, rule, params, noise))
@@ -356,7 +364,7 @@ class DynamicDraftSession(RaceDraftSession):
         )
 
     def _grow_dynamic(
-        self, key: int, params: SamplingParams, noise: RaceNoise, cap: int
+        self, key: int, rule: ERSD, params: SamplingParams, noise: RaceNoise, cap: int
     ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]:
         d = self.drafter
         pred = d.predictor
@@ -370,7 +378,7 @@ class DynamicDraftSession(RaceDraftSession):
         while fresh:
             for ctx, logits, reach in fresh:
                 race = self._race_at(
-                    tree, ctx, logits, min(pred.max_rank, d.budget - added), params, noise
+                    tree, ctx, logits, min(pred.max_rank, d.budget - added), params, noise, rule
                 )
                 race.reach = reach
                 t0 = time.perf_counter()

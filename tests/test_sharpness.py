@@ -124,17 +124,13 @@ def test_repr_names_the_sharpness() -> None:
 def test_sequence_law_with_a_sharpened_draft(shape: str) -> None:
     """The statistical suite's chi-square test (its alpha, n and seeds) on ERSD with beta = 2."""
     draft = make_drafts(make_target(), seed=100)["mild"]
-    res = sequence_law_test(
-        ERSD(draft_sharpness=2.0), shape, "T1.0", draft, tag=("sharp", shape)
-    )
+    res = sequence_law_test(ERSD(draft_sharpness=2.0), shape, "T1.0", draft, tag=("sharp", shape))
     assert res.pvalue >= ALPHA, f"ERSD(draft_sharpness=2) with {shape}: {res}"
 
 
 def test_cli_refuses_sharpness_without_a_shared_race() -> None:
     from ersd.cli import main
 
-    res = CliRunner().invoke(
-        main, ["generate", "--method", "sd", "--draft-sharpness", "1.3", "hi"]
-    )
+    res = CliRunner().invoke(main, ["generate", "--method", "sd", "--draft-sharpness", "1.3", "hi"])
     assert res.exit_code == 2
     assert "--draft-sharpness 1.3" in res.output and "--method ersd" in res.output

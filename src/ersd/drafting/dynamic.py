@@ -2,8 +2,8 @@
 
 At every context it drafts, the draft model's race ``E_i / q_i**beta`` (the race ERSD shares with
 the target; ``beta`` = the rule's draft sharpness, 1 by default) gives the candidates (ranks 1, 2,
-...) and the **margin** ``log(s_2 / s_1)`` between the winner's and the runner-up's scores.  A calibrated :class:`~ersd.theory.margin.MarginPredictor`
-maps (depth, margin) to ``a_r = P(target's winner = the draft's rank-r candidate)``; a node's value
+...) and the **margin** ``log(s_2 / s_1)`` between the winner's and the runner-up's scores.  A
+calibrated :class:`~ersd.theory.margin.MarginPredictor` maps (depth, margin) to ``a_r = P(target's winner = the draft's rank-r candidate)``; a node's value
 is its predicted reach probability (the product of ``a_r`` along its path) and
 :func:`~ersd.drafting.policy.plan_round` adds nodes best-first under a budget of ``K`` drafted
 tokens (and a depth cap), one draft forward per round as for static trees.  The cost-aware

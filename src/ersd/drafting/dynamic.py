@@ -2,14 +2,14 @@
 
 At every context it drafts, the draft model's race ``E_i / q_i**beta`` (the race ERSD shares with
 the target; ``beta`` = the rule's draft sharpness, 1 by default) gives the candidates (ranks 1, 2,
-...) and the **margin** ``log(s_2 / s_1)`` between the winner's and the runner-up's scores.  A
-calibrated :class:`~ersd.theory.margin.MarginPredictor` maps (depth, margin) to ``a_r = P(target's winner = the draft's rank-r candidate)``; a node's value
-is its predicted reach probability (the product of ``a_r`` along its path) and
-:func:`~ersd.drafting.policy.plan_round` adds nodes best-first under a budget of ``K`` drafted
-tokens (and a depth cap), one draft forward per round as for static trees.  The cost-aware
-variant also stops where the predicted tokens per second (a cost model such as
-:class:`ersd.costs.CostModel`) is highest.  Each proposal reports its expected tokens per
-target call, ``1 + Σ reach`` (``Proposal.expected_tokens`` → ``StepRecord.expected_tokens``).
+...) and the **margin** ``log(s_2 / s_1)`` between the winner's and the runner-up's scores. A
+calibrated :class:`~ersd.theory.margin.MarginPredictor` maps (depth, margin) to ``a_r = P(target's
+winner = the draft's rank-r candidate)``; a node's value is its predicted reach probability (the
+product of ``a_r`` along its path) and :func:`~ersd.drafting.policy.plan_round` adds nodes
+best-first under a budget of ``K`` drafted tokens (and a depth cap), one draft forward per round as
+for static trees. The cost-aware variant also stops where the predicted tokens per second (a cost
+model such as :class:`ersd.costs.CostModel`) is highest. Each proposal reports its expected tokens
+per target call, ``1 + Σ reach`` (``Proposal.expected_tokens`` → ``StepRecord.expected_tokens``).
 
 Exactness is untouched: the tree is a function of the draft side only, and ERSD emits the
 target's race winners whatever the tree (it stays drafter invariant).  SD, SpecInfer and SpecTr

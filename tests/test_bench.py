@@ -256,6 +256,8 @@ def test_bundled_configs_validate(name: str) -> None:
         ({"models": {"linear": "mkl"}}, "'onednn'"),
         ({"run": {"trees": {"ersd": ["chain:x"]}}}, "positive integer"),
         ({"extra": {}}, "unknown top-level key 'extra'"),
+        ({"run": {"draft_sharpness": 0}}, "run.draft_sharpness must be a number > 0"),
+        ({"run": {"draft_sharpness": "1.3"}}, "run.draft_sharpness must be a number"),
     ],
 )
 def test_config_errors_name_the_fix(patch: dict, fix: str) -> None:
@@ -443,10 +445,10 @@ def test_failed_run_is_recorded_and_left_out_of_the_report(
 
     real = runner_mod.run_entry
 
-    def flaky(e, pair, ids, temp, seed, max_new_tokens, eos):  # type: ignore[no-untyped-def]
+    def flaky(e, pair, ids, temp, seed, max_new_tokens, eos, **kw):  # type: ignore[no-untyped-def]
         if e.method == "sd" and max_new_tokens > 2:  # the warm-up (2 tokens) passes
             raise RuntimeError("out of memory (simulated)")
-        return real(e, pair, ids, temp, seed, max_new_tokens, eos)
+        return real(e, pair, ids, temp, seed, max_new_tokens, eos, **kw)
 
     monkeypatch.setattr(runner_mod, "run_entry", flaky)
     data = _toy_config(

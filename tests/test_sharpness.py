@@ -134,3 +134,63 @@ def test_cli_refuses_sharpness_without_a_shared_race() -> None:
     res = CliRunner().invoke(main, ["generate", "--method", "sd", "--draft-sharpness", "1.3", "hi"])
     assert res.exit_code == 2
     assert "--draft-sharpness 1.3" in res.output and "--method ersd" in res.output
+
+
+def test_sharpness_fit_finds_the_sharpness_of_a_sharpened_target() -> None:
+    """Calibration data (a chain drafted with beta = 1) scores every beta of the grid; the
+    target's own sharpening (1.5) accepts every verified context, the others fewer."""
+    from ersd.drafting import MarginRecorder
+    from ersd.drafting.dynamic import SharpnessFit
+
+    draft = make_target(6, seed=9)
+    tmodel = _sharpened_target(draft, 1.5).model()
+    fit = SharpnessFit(grid=(1.0, 1.25, 1.5, 2.0))
+    recorder = MarginRecorder(draft.model(), fit=fit)
+    for seed in range(8):
+        ersd.generate(tmodel, recorder, PROMPT, max_new_tokens=16, seed=seed, tree="chain:3")
+    assert fit.contexts == recorder.table.num_observations > 50
+    rates = dict(zip(fit.grid, fit.rates(), strict=True))
+    assert rates[1.5] == 1.0
+    assert rates[1.0] < 0.95 and rates[2.0] < 1.0
+    assert fit.best() == 1.5
+    assert fit.to_dict()["best"] == 1.5
+
+
+def test_sharpness_fit_refuses_a_bad_grid() -> None:
+    from ersd.drafting.dynamic import SharpnessFit
+
+    for grid in ((), (1.0, 0.0), (math.nan,)):
+        with pytest.raises(GenerationInputError, match="sharpness grid"):
+            SharpnessFit(grid=grid)
+
+
+def test_bench_runs_ersd_with_the_configured_sharpness(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``run.draft_sharpness``: the run's ERSD rows (static and dynamic trees) and its
+    calibration draft with it, the text stays target-only's, the calibration scores the grid."""
+    import json
+
+    from ersd.bench.config import config_from_dict
+    from ersd.bench.running import run_bench
+    from tests.test_bench_dynamic import _config
+
+    data = _config(draft_sharpness=1.4, trees={"ersd": ["chain:3", "dynamic:4"]})
+    out = tmp_path / "sharp.jsonl"
+    run_bench(config_from_dict(data, source="sharp"), out, progress=False, log=lambda m: None)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["run"]["draft_sharpness"] == 1.4
+    recs = [r for r in lines[1:] if r["kind"] == "result"]
+    alone = {
+        (r["prompt_id"], r["temperature"]): r["tokens"]
+        for r in recs
+        if r["method"] == "target-only"
+    }
+    ersd_rows = [r for r in recs if r["method"] == "ersd"]
+    assert {r["tree"] for r in ersd_rows} >= {"chain:3", "dynamic:4"}
+    for r in ersd_rows:
+        assert r["tokens"] == alone[(r["prompt_id"], r["temperature"])]
+    cal = json.loads(out.with_name("sharp.calibration.json").read_text())
+    stats = cal["meta"]["stats"]["1.0"]
+    assert stats["draft_sharpness"] == 1.4
+    fit = stats["sharpness_fit"]
+    assert fit["contexts"] > 0 and len(fit["acceptance"]) == len(fit["grid"])
+    assert fit["best"] in fit["grid"]

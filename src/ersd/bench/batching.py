@@ -31,6 +31,7 @@ from ersd.bench.baselines import hf_generate
 from ersd.bench.models import ModelPair
 from ersd.bench.planning import Entry, batch_plan, entry_fields, prompt_groups
 from ersd.bench.prompts import Prompt
+from ersd.methods.ersd import with_sharpness
 
 
 def row_seeds(seed: int, group: list[int], index: int, batch_size: int) -> list[int]:
@@ -76,8 +77,10 @@ def run_batch_entry(
     temperature: float,
     max_new_tokens: int,
     eos: list[int] | None,
+    sharpness: float = 1.0,
 ) -> dict[str, Any]:
-    """Run one configuration on one batch of prompts; the measured fields of its record."""
+    """Run one configuration on one batch of prompts; the measured fields of its record (ERSD's
+    drafter races ``q**sharpness``)."""
     if entry.method == "hf-generate":
         return hf_generate(
             pair.target,
@@ -97,7 +100,7 @@ def run_batch_entry(
         prompts,
         seeds=seeds,
         max_new_tokens=max_new_tokens,
-        method=entry.method if drafted else "ersd",
+        method=with_sharpness(entry.method, sharpness) if drafted else "ersd",
         tree=(entry.shape or entry.tree or "chain:1") if drafted else "chain:1",
         temperature=temperature,
         eos_token_id=eos,
@@ -195,6 +198,7 @@ def warm_up(
     eos: list[int] | None,
     bar: Any,
     log: Callable[[str], None],
+    sharpness: float = 1.0,
 ) -> None:
     """Every configuration once per batch size, untimed (kernels and shapes of each size); a
     configuration that fails here is logged, and its timed runs record the error.  With a
@@ -212,7 +216,8 @@ def warm_up(
             group = prompt_groups(len(encoded), b)[0]
             batch = [encoded[i] for i in group]
             try:
-                run_batch_entry(e, pair, batch, row_seeds(0, group, 0, b), temp, tokens, eos)
+                seeds = row_seeds(0, group, 0, b)
+                run_batch_entry(e, pair, batch, seeds, temp, tokens, eos, sharpness)
             except (RuntimeError, ValueError, MemoryError, ersd.ErsdError) as exc:
                 log(f"[bench] warm-up of T={temp} B={b} {e.label} failed: {exc}")
             bar.update()
@@ -231,6 +236,7 @@ def run_batches(
     write: Callable[[dict[str, Any]], None],
     bar: Any,
     log: Callable[[str], None],
+    sharpness: float = 1.0,
 ) -> tuple[int, int]:
     """Every batch of every size, configurations side by side and rotated from batch to batch;
     one record per run through ``write``.  Returns (records written, failed runs)."""
@@ -247,7 +253,7 @@ def run_batches(
                         bar.set_postfix_str(f"T={temp} s={seed} B={b} #{gi} {e.label}")
                         try:
                             fields = run_batch_entry(
-                                e, pair, batch, per_row, temp, max_new_tokens, eos
+                                e, pair, batch, per_row, temp, max_new_tokens, eos, sharpness
                             )
                         except (RuntimeError, ValueError, MemoryError, ersd.ErsdError) as exc:
                             fields = {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -26,6 +26,8 @@ from ersd.bench.costs import CostModel, choose_trees, measure_costs
 from ersd.bench.models import ModelPair, load_pair
 from ersd.bench.prompts import encode_prompt, load_prompts
 from ersd.drafting import MarginRecorder
+from ersd.drafting.dynamic import SharpnessFit
+from ersd.methods.ersd import with_sharpness
 from ersd.theory import RankProfile, RankProfileError, rank_entropy
 from ersd.theory.profile import CALIBRATION_FORMAT, load_profiles, tree_depth_probs
 
@@ -102,9 +104,11 @@ def calibrate(
     profiles: dict[float, RankProfile] = {}
     overheads: list[float] = []
     stats: dict[str, Any] = {}
+    rule = with_sharpness("ersd", cfg.run.draft_sharpness)
     for temp in c.temperatures:
         results = []
-        recorder = MarginRecorder(pair.draft)  # ranks by draft-race margin (dynamic trees)
+        # ranks by draft-race margin (dynamic trees) and every draft sharpness's acceptance
+        recorder = MarginRecorder(pair.draft, fit=SharpnessFit())
         for i, ids in enumerate(ids_list):
             bar.set_postfix_str(f"T={temp} {prompts[i].id} ersd {c.tree}")
             res = ersd.generate(
@@ -112,7 +116,7 @@ def calibrate(
                 recorder,
                 ids,
                 max_new_tokens=c.max_new_tokens,
-                method="ersd",
+                method=rule,
                 tree=c.tree,
                 temperature=temp,
                 seed=10_000 + i,
@@ -140,12 +144,22 @@ def calibrate(
             "rank_observations": prof.num_observations,
             "P(R=1)": float(prof.rank_probs()[0]),
             "H[R]_nats": rank_entropy(prof.rank_probs()),
+            "draft_sharpness": cfg.run.draft_sharpness,
+            "sharpness_fit": recorder.fit.to_dict() if recorder.fit is not None else None,
         }
         log(
             f"[calibrate] T={temp}: {prof.num_observations} ranks, P(R=1)="
             f"{stats[str(temp)]['P(R=1)']:.3f}, H[R]={stats[str(temp)]['H[R]_nats']:.3f} nats, "
             f"{c.tree} block efficiency {tokens / calls:.2f}"
         )
+        if recorder.fit is not None and recorder.fit.contexts:
+            fit = recorder.fit
+            rates = dict(zip(fit.grid, fit.rates(), strict=True))
+            log(
+                f"[calibrate] T={temp}: draft sharpness {fit.best():g} accepts the most "
+                f"({rates[fit.best()]:.3f} per verified context, {rates.get(1.0, float('nan')):.3f}"
+                f" at 1, over {fit.contexts}); set run.draft_sharpness to use it"
+            )
     costs = None
     if measure_cost:
         bar.set_postfix_str("timing forwards")

@@ -10,6 +10,7 @@ baselines to run.  Bundled configs live in ``ersd/configs/`` and are found by ba
 from __future__ import annotations
 
 import copy
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -71,6 +72,9 @@ class RunConfig:
     cost_aware: bool = True  # ERSD with the cost-aware tree from the profile and cost curves
     baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     warmup_tokens: int = 4
+    # ERSD's drafter races q**draft_sharpness (ersd.methods.ersd; 1 = the paper's rule), in the
+    # run and in its calibration
+    draft_sharpness: float = 1.0
     stop_at_eos: bool = False  # False: every run makes exactly max_new_tokens tokens
     profile: str = ""  # calibration file; "" = calibrate in the run when a profile is needed
     drafters: list[str] = field(default_factory=list)  # drafter specs: lookup, lookup+draft, ...
@@ -278,6 +282,11 @@ def _validate(cfg: BenchConfig) -> None:
         check_drafter_spec(spec)
     if r.warmup_tokens < 0:
         raise BenchConfigError("run.warmup_tokens must be >= 0")
+    if not math.isfinite(r.draft_sharpness) or r.draft_sharpness <= 0:
+        raise BenchConfigError(
+            f"run.draft_sharpness must be a number > 0 (1 = ERSD's own draft race), got "
+            f"{r.draft_sharpness!r}"
+        )
     if c.cost_repeats < 1 or not c.cost_sizes or any(s < 1 for s in c.cost_sizes):
         raise BenchConfigError(
             "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"

@@ -28,6 +28,7 @@ from ersd.drafting import ModelDrafter
 from ersd.drafting.confidence import ConfidenceDrafter, baseline_drafter
 from ersd.drafting.dynamic import DynamicDrafter, DynamicSpec, MarginEvent, parse_dynamic
 from ersd.methods import get_method
+from ersd.methods.ersd import with_sharpness
 from ersd.theory.margin import MarginPredictor
 from ersd.theory.profile import nearest_temperature
 from ersd.tree import TreeShape
@@ -101,6 +102,7 @@ def run_dynamic(
     seed: int,
     max_new_tokens: int,
     eos: list[int] | None,
+    draft_sharpness: float = 1.0,
 ) -> tuple[ersd.GenerationResult, dict[str, Any]]:
     """One run with a fresh drafter: (result, extra record fields)."""
     drafter = dyn.drafter(draft_model)
@@ -109,7 +111,7 @@ def run_dynamic(
         drafter,
         ids,
         max_new_tokens=max_new_tokens,
-        method=dyn.method,
+        method=with_sharpness(dyn.method, draft_sharpness),
         tree=TreeShape.chain(drafter.depth_cap),  # the envelope: depth cap, cut near the end
         temperature=temperature,
         seed=seed,

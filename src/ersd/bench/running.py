@@ -44,6 +44,7 @@ from ersd.bench.planning import (
     plan,
 )
 from ersd.bench.prompts import Prompt, encode_prompt, load_prompts
+from ersd.methods.ersd import with_sharpness
 
 RECORD_VERSION = 1
 
@@ -91,6 +92,7 @@ def run_metadata(cfg: BenchConfig, pair: ModelPair) -> dict[str, Any]:
         "batch_size": 1 if cfg.run.batch_sizes == [1] else None,
         "batch_sizes": list(cfg.run.batch_sizes),
         "sampling": "temperature only (no top-k / top-p)",
+        "draft_sharpness": cfg.run.draft_sharpness,
     }
 
 
@@ -115,8 +117,10 @@ def run_entry(
     seed: int,
     max_new_tokens: int,
     eos: list[int] | None,
+    draft_sharpness: float = 1.0,
 ) -> dict[str, Any]:
-    """Run one configuration on one prompt; the measured fields of its record."""
+    """Run one configuration on one prompt; the measured fields of its record (ERSD's drafter
+    races ``q**draft_sharpness``: :func:`ersd.methods.ersd.with_sharpness`)."""
     if entry.method == "target-only":
         res = ersd.generate(
             pair.target,
@@ -189,6 +193,7 @@ def run_entry(
             seed=seed,
             max_new_tokens=max_new_tokens,
             eos=eos,
+            draft_sharpness=draft_sharpness,
         )
         return {**_result_fields(res, entry.method), **extra}
     assert entry.shape is not None or entry.tree == "auto"
@@ -199,7 +204,7 @@ def run_entry(
         drafter,
         ids,
         max_new_tokens=max_new_tokens,
-        method=entry.method,
+        method=with_sharpness(entry.method, draft_sharpness),
         tree=entry.shape if entry.shape is not None else "auto",
         temperature=temperature,
         seed=seed,
@@ -313,7 +318,16 @@ def run_bench(
             for temp, entries in plans.items():
                 for e in entries:
                     bar.set_postfix_str(f"T={temp} {e.label}")
-                    run_entry(e, pair, encoded[0], temp, 0, r.warmup_tokens, eos)
+                    run_entry(
+                        e,
+                        pair,
+                        encoded[0],
+                        temp,
+                        0,
+                        r.warmup_tokens,
+                        eos,
+                        draft_sharpness=r.draft_sharpness,
+                    )
                     bar.update()
             bar.close()
         bar = progress_bar(total, progress)
@@ -327,7 +341,16 @@ def run_bench(
                     for e in rotated:
                         bar.set_postfix_str(f"{prompt.id} T={temp} s={seed} {e.label}")
                         try:
-                            fields = run_entry(e, pair, ids, temp, seed, r.max_new_tokens, eos)
+                            fields = run_entry(
+                                e,
+                                pair,
+                                ids,
+                                temp,
+                                seed,
+                                r.max_new_tokens,
+                                eos,
+                                draft_sharpness=r.draft_sharpness,
+                            )
                         except (RuntimeError, ValueError, MemoryError) as exc:
                             # the warm-up ran every configuration, so this is a rare failure
                             # (e.g. out of memory on one prompt): record it, keep going
@@ -359,7 +382,9 @@ def _run_batched(
     if r.warmup_tokens > 0:
         bar = progress_bar(sum(len(v) for v in plans.values()) * len(r.batch_sizes), progress)
         bar.set_description("warm-up")
-        batching.warm_up(plans, pair, encoded, r.batch_sizes, r.warmup_tokens, eos, bar, log)
+        batching.warm_up(
+            plans, pair, encoded, r.batch_sizes, r.warmup_tokens, eos, bar, log, r.draft_sharpness
+        )
         bar.close()
     bar = progress_bar(
         batching.count_runs(plans, len(prompts), r.batch_sizes, len(r.seeds)), progress
@@ -377,6 +402,7 @@ def _run_batched(
         write=lambda rec: _write(fh, rec),
         bar=bar,
         log=log,
+        sharpness=r.draft_sharpness,
     )
     bar.close()
     return done

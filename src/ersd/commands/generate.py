@@ -238,17 +238,15 @@ def generate(
 def ersd_method(method: str, draft_sharpness: float) -> Any:
     """The method to run: ``method``'s registered object, or ERSD with its draft sharpness."""
     import ersd
-    from ersd.methods.ersd import ERSD
+    from ersd.methods.ersd import ERSD, with_sharpness
 
     meth = ersd.get_method(method)
-    if draft_sharpness == 1.0:
-        return meth
-    if not isinstance(meth, ERSD):
+    if draft_sharpness != 1.0 and not isinstance(meth, ERSD):
         raise click.UsageError(
             f"--draft-sharpness {draft_sharpness:g} sharpens ERSD's draft race; method "
             f"{method!r} has no shared race (drop the option or use --method ersd)"
         )
-    return ERSD(draft_sharpness=draft_sharpness)
+    return with_sharpness(meth, draft_sharpness)
 
 
 def _generate_one(

@@ -103,6 +103,58 @@ class MarginEvent:
         return self.rank <= self.children
 
 
+#: draft sharpness values :class:`SharpnessFit` scores by default
+SHARPNESS_GRID = (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2.0)
+
+
+class SharpnessFit:
+    """Which draft sharpness ``beta`` would have proposed the target's winner most often.
+
+    At every verified ERSD context (the draft's ``q``, the race noise ``E`` and the target's
+    winner ``y``) it counts, for each ``beta`` of ``grid``, whether ``argmin_i E_i / q_i**beta``
+    is ``y``: the chain's per-token acceptance under that sharpness.  The counts do not depend on
+    the sharpness the text was drafted with (ERSD's text is the target's whatever the drafter), so
+    one calibration run scores every ``beta``.  :meth:`best` is the most accepting one.
+    """
+
+    def __init__(self, grid: Sequence[float] = SHARPNESS_GRID) -> None:
+        if not grid or any(not (b > 0 and math.isfinite(b)) for b in grid):
+            raise GenerationInputError(f"a sharpness grid needs numbers > 0, got {list(grid)!r}")
+        self.grid = [float(b) for b in grid]
+        self.hits = np.zeros(len(self.grid), dtype=np.int64)
+        self.contexts = 0
+
+    def add(self, q: torch.Tensor, e: torch.Tensor, winner: int) -> None:
+        with np.errstate(divide="ignore"):
+            log_q = np.log(q.numpy()) if q.device.type == "cpu" else np.log(q.cpu().numpy())
+            log_e = np.log(e.numpy())
+        for i, beta in enumerate(self.grid):
+            if int(np.argmin(log_e - beta * log_q)) == winner:  # -inf log q: +inf, never wins
+                self.hits[i] += 1
+        self.contexts += 1
+
+    def rates(self) -> list[float]:
+        return [float(h) / self.contexts if self.contexts else 0.0 for h in self.hits]
+
+    def best(self) -> float:
+        """The sharpness with the most hits (the one nearest 1 among ties); 1 without data."""
+        if not self.contexts:
+            return 1.0
+        top = self.hits.max()
+        return min(
+            (b for b, h in zip(self.grid, self.hits, strict=True) if h == top),
+            key=lambda b: abs(b - 1.0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grid": self.grid,
+            "acceptance": self.rates(),
+            "contexts": self.contexts,
+            "best": self.best(),
+        }
+
+
 @dataclass
 class _Race:
     depth: int  # depth of the children drafted here (1 = children of the root)
@@ -112,6 +164,8 @@ class _Race:
     reach: float = 1.0
     accept: np.ndarray = field(default_factory=lambda: np.zeros(0))
     children: int = 0
+    q: torch.Tensor | None = None  # the draft's probabilities (kept for a SharpnessFit)
+    noise: torch.Tensor | None = None  # the race's exponentials (idem)
 
 
 def _race(
@@ -130,13 +184,14 @@ def _race(
     zero-mass tokens never.
     """
     q = logits_to_probs(logits, params)
-    scores = race_scores(rule.race_probs(q), noise.exponentials(key, STREAM_RACE))
+    e = noise.exponentials(key, STREAM_RACE)
+    scores = race_scores(rule.race_probs(q), e)
     k = min(max(m, 2), scores.numel())
     vals, idx = torch.topk(scores, k, largest=False, sorted=True)
     pairs = sorted(zip(vals.tolist(), idx.tolist(), strict=True))
     tokens = [i for v, i in pairs[:m] if v != math.inf]
     margin = race_margin(pairs[0][0], pairs[1][0]) if len(pairs) > 1 else math.inf
-    return q, _Race(depth, scores, tokens, margin)
+    return q, _Race(depth, scores, tokens, margin, q=q, noise=e)
 
 
 class RaceDraftSession(ModelDraftSession):
@@ -146,11 +201,15 @@ class RaceDraftSession(ModelDraftSession):
     parallel_grow = False  # it reports to shared state (a margin table, a predictor, counters)
 
     def __init__(
-        self, session: ModelSession, on_event: Callable[[MarginEvent], None] | None
+        self,
+        session: ModelSession,
+        on_event: Callable[[MarginEvent], None] | None,
+        fit: SharpnessFit | None = None,
     ) -> None:
         super().__init__(session)
         self._races: dict[int, _Race] = {}
         self._on_event = on_event
+        self._fit = fit
 
     def _race_at(
         self,
@@ -199,6 +258,8 @@ class RaceDraftSession(ModelDraftSession):
                 )
                 pred = float(race.accept[: race.children].sum()) if race.accept.size else None
                 self._on_event(MarginEvent(race.depth, race.margin, rank, race.children, pred))
+                if self._fit is not None and race.q is not None and race.noise is not None:
+                    self._fit.add(race.q, race.noise, int(tok))
         self._races = {}
         super().observe(tokens, accepted)
 
@@ -206,18 +267,25 @@ class RaceDraftSession(ModelDraftSession):
 class MarginRecorder:
     """A :class:`~ersd.drafting.Drafter` that drafts the static shapes it is given (like
     :class:`ModelDrafter`) and counts, in ``table``, the target winner's rank by depth and margin
-    at every verified ERSD context: the calibration data of the dynamic policy."""
+    at every verified ERSD context: the calibration data of the dynamic policy.  With ``fit`` (a
+    :class:`SharpnessFit`) it also scores every draft sharpness of its grid there."""
 
-    def __init__(self, model: LanguageModel, table: MarginTable | None = None) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        table: MarginTable | None = None,
+        fit: SharpnessFit | None = None,
+    ) -> None:
         self.model = model.model if isinstance(model, ModelDrafter) else model
         self.table = table if table is not None else MarginTable.empty()
+        self.fit = fit
 
     @property
     def vocab_size(self) -> int:
         return int(self.model.vocab_size)
 
     def start_drafting(self, prompt: Sequence[int]) -> RaceDraftSession:
-        return RaceDraftSession(self.model.start(list(prompt)), self._record)
+        return RaceDraftSession(self.model.start(list(prompt)), self._record, self.fit)
 
     def _record(self, ev: MarginEvent) -> None:
         self.table.add(ev.depth, ev.margin, ev.rank)
@@ -471,6 +539,7 @@ __all__ = [
     "MarginEvent",
     "MarginRecorder",
     "RaceDraftSession",
+    "SharpnessFit",
     "as_predictor",
     "dynamic_tree",
     "parse_dynamic",

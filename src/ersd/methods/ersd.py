@@ -86,3 +86,11 @@ class ERSD(Method):
     def __repr__(self) -> str:
         beta = self.draft_sharpness
         return "ERSD()" if beta == 1.0 else f"ERSD(draft_sharpness={beta:g})"
+
+
+def with_sharpness(method: str | Method, draft_sharpness: float) -> str | Method:
+    """ERSD (by name or object) with ``draft_sharpness``; any other method unchanged (it has no
+    draft race to sharpen), and everything unchanged at sharpness 1."""
+    if draft_sharpness == 1.0 or getattr(method, "name", method) != "ersd":
+        return method
+    return ERSD(draft_sharpness=draft_sharpness)

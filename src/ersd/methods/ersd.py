@@ -14,7 +14,7 @@ never looks at ``q`` -- so exactness and drafter invariance hold for every ``bet
 is how often the proposal is the target's winner.  A target that is more confident than its
 draft (a larger model against a small or quantized one) is predicted better by a sharpened race:
 on the bundled Qwen2.5-Coder pair at T = 1, ``beta = 1.3`` lifts the chain's per-token
-acceptance from 0.875 to 0.886, SD's ``1 - TV`` there (``docs/dynamic.md``).
+acceptance from 0.875 to 0.886, SD's ``1 - TV`` there (``docs/dynamic-trees.md``).
 """
 
 from __future__ import annotations

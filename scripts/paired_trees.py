@@ -85,6 +85,52 @@ def text_probs(model: Any, ids: list[int], text: list[int], params: SamplingPara
     return logits_to_probs(rows, params)
 
 
+def chain_acceptance(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    x: int,
+    betas: Sequence[float],
+    draws: int,
+    rng: np.random.Generator,
+    top: int = 4096,
+) -> tuple[dict[float, float], dict[float, float]]:
+    """At one position whose emitted token is ``x``: (ERSD's chance that the draft's race over
+    ``q**beta`` proposes ``x``, by Monte Carlo over ``draws`` races conditioned on the target's
+    winner being ``x``; SD's chance ``min(1, q_beta(x) / p(x))`` of accepting a draft from
+    ``q_beta`` = ``q**beta`` normalised), for each ``beta``.
+
+    The races are drawn exactly over the ``top`` tokens of ``p`` and of ``q`` (and ``x``); the
+    rest ``R`` enters the draft's race as one runner whose score is the minimum over ``R`` of
+    ``E_i / q_i**beta`` with ``E_i ~ Exp(1)``: ``Exp(1) / sum_R q_i**beta``.  That drops the
+    ``w * p_i`` part of the conditioned noise on ``R`` (``p_R`` is tiny), which can only make the
+    rest win more often: the estimate errs, if at all, against ERSD."""
+    keep = torch.unique(torch.cat([p.topk(top).indices, q.topk(top).indices, torch.tensor([x])]))
+    rest = torch.ones(p.numel(), dtype=torch.bool)
+    rest[keep] = False
+    ps = p[keep].numpy()
+    with np.errstate(divide="ignore"):
+        log_q_all = np.log(q.numpy())
+    log_q = log_q_all[keep.numpy()]
+    log_q_rest = log_q_all[rest.numpy()]
+    xi = int((keep == x).nonzero()[0, 0])
+    w = rng.standard_exponential((draws, 1))
+    e = w * ps + rng.standard_exponential((draws, ps.size))
+    e[:, xi] = w[:, 0] * ps[xi]
+    log_e = np.log(e)
+    log_e_rest = np.log(rng.standard_exponential(draws))
+    ersd_acc, sd_acc = {}, {}
+    finite = np.isfinite(log_q_all)
+    for beta in betas:  # zero-mass draft tokens: log q = -inf, score +inf, never proposed
+        scores = log_e - beta * log_q
+        rest_w = np.logaddexp.reduce(beta * log_q_rest) if log_q_rest.size else -np.inf
+        best = scores.min(axis=1)
+        won = (np.argmin(scores, axis=1) == xi) & (best <= log_e_rest - rest_w)
+        ersd_acc[beta] = float(won.mean())
+        lz = np.logaddexp.reduce(beta * log_q_all[finite])
+        sd_acc[beta] = float(min(1.0, math.exp(beta * log_q_all[x] - lz) / float(p[x])))
+    return ersd_acc, sd_acc
+
+
 def sd_calls(accept: np.ndarray, budget: int) -> float:
     """Expected target calls of SD chain:``budget`` over a text whose position-``j`` acceptance
     (given the emitted token) is ``accept[j]``, independently (dynamic program from the end)."""
@@ -159,7 +205,15 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--sharpness", type=float, nargs="+", default=[1.0, 1.3])
-    ap.add_argument("--repeats", type=int, default=2, help="noise draws per eval text")
+    ap.add_argument("--repeats", type=int, default=2, help="simulated runs per eval text (0: none)")
+    ap.add_argument(
+        "--chain-mc",
+        type=int,
+        default=0,
+        help="also estimate every chain in --dp-budgets by a dynamic program over per-position "
+        "acceptances (ERSD: this many conditioned races per position; SD exact)",
+    )
+    ap.add_argument("--dp-budgets", type=int, nargs="+", default=[4, 6, 8])
     ap.add_argument("--costs", default="docs/results/dyn-wide-2026-12-02/dyn-wide.calibration.json")
     ap.add_argument("--out", default="paired-trees.json")
     args = ap.parse_args()
@@ -206,8 +260,8 @@ def main() -> None:
         params = SamplingParams(temperature=temp)
         # margin tables on the calibration split, one per sharpness (chain:K drafts)
         tables = {}
-        calib = texts("calib", args.calib_prompts, temp)
-        for beta in args.sharpness:
+        calib = texts("calib", args.calib_prompts, temp) if args.repeats > 0 else []
+        for beta in args.sharpness if calib else []:
             rec = MarginRecorder(draft)
             for i, (ids, text) in enumerate(calib):
                 path, keys, _ = path_noise(ids, text, params, 1_000 + i)
@@ -217,20 +271,49 @@ def main() -> None:
         configs = []
         for beta in args.sharpness:
             configs.append((f"ERSD chain:{k} beta={beta:g}", ModelDrafter(draft), chain, beta))
-            dyn = DynamicDrafter(draft, k, predictor=MarginPredictor(tables[beta]))
-            configs.append((f"ERSD dynamic:{k} beta={beta:g}", dyn, chain, beta))
+            if beta in tables:
+                dyn = DynamicDrafter(draft, k, predictor=MarginPredictor(tables[beta]))
+                configs.append((f"ERSD dynamic:{k} beta={beta:g}", dyn, chain, beta))
         per: dict[str, list[dict[str, float]]] = defaultdict(list)
         for i, (ids, text) in enumerate(texts("eval", args.prompts, temp)):
             q = text_probs(draft, ids, text, params)
+            p_full = text_probs(target, ids, text, params)
             idx = torch.tensor(text)[:, None]
-            p_x = None
+            p_x = p_full.gather(1, idx)[:, 0]
+            q_x = q[:, : p_full.shape[1]].gather(1, idx)[:, 0]
+            sd_expected = sd_calls(torch.clamp(q_x / p_x, max=1.0).numpy(), k)
+            if args.chain_mc > 0:
+                rng = np.random.default_rng(70_000 + i)
+                acc_e: dict[float, list[float]] = defaultdict(list)
+                acc_s: dict[float, list[float]] = defaultdict(list)
+                for j, x in enumerate(text):
+                    qj = q[j, : p_full.shape[1]]
+                    a_e, a_s = chain_acceptance(
+                        p_full[j], qj, x, args.sharpness, args.chain_mc, rng
+                    )
+                    for beta in args.sharpness:
+                        acc_e[beta].append(a_e[beta])
+                        acc_s[beta].append(a_s[beta])
+                exact = torch.clamp(q_x / p_x, max=1.0).numpy()
+                for kk in args.dp_budgets:
+                    base = sd_calls(exact, kk)
+                    for beta in args.sharpness:
+                        for kind, acc in (("ERSD", acc_e[beta]), ("SD", acc_s[beta])):
+                            calls = sd_calls(np.array(acc), kk)
+                            per[f"{kind} chain:{kk} beta={beta:g} (DP)"].append(
+                                {
+                                    "prompt": i,
+                                    "calls": calls,
+                                    "nodes": calls * kk,
+                                    "forwards": calls * kk,
+                                    "tokens": len(text),
+                                    "sd_calls": base,
+                                    "sd_budget": kk,
+                                    "per_token": float(np.mean(acc)),
+                                }
+                            )
             for r in range(args.repeats):
-                path, keys, p = path_noise(ids, text, params, 50_000 + 100 * i + r)
-                if p_x is None:
-                    p_x = p.gather(1, idx)[:, 0]
-                    q_x = q[:, : p.shape[1]].gather(1, idx)[:, 0]
-                    acc = torch.clamp(q_x / p_x, max=1.0).numpy()
-                    sd_expected = sd_calls(acc, k)
+                path, keys, _ = path_noise(ids, text, params, 50_000 + 100 * i + r)
                 for name, drafter, shape, beta in configs:
                     sim = simulate(drafter, ids, text, path, keys, ERSD(beta), shape, params, vocab)
                     per[name].append(
@@ -253,7 +336,8 @@ def main() -> None:
             for row in rows:
                 by_prompt[row["prompt"]].append(row)
             be, ratio, rate_ratio = [], [], []
-            sd_call_time = costs.target_cost(k + 1) + k * costs.draft_cost(1)
+            sd_k = int(rows[0].get("sd_budget", k))
+            sd_call_time = costs.target_cost(sd_k + 1) + sd_k * costs.draft_cost(1)
             for rs in by_prompt.values():
                 calls = float(np.mean([x["calls"] for x in rs]))
                 tokens = rs[0]["tokens"]

@@ -83,3 +83,21 @@ def test_sd_calls_matches_the_step_process() -> None:
         calls[r] = n
     se = calls.std() / math.sqrt(runs)
     assert abs(paired.sd_calls(accept, k) - calls.mean()) < 4 * se
+
+
+def test_chain_acceptance_is_one_where_the_sharpened_draft_is_the_target() -> None:
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3000, generator=g, dtype=torch.float64) * 2
+    q = torch.softmax(logits, -1)
+    p = torch.softmax(1.5 * logits, -1)
+    x = int(torch.multinomial(p, 1, generator=g))
+    rng = np.random.default_rng(0)
+    # the whole vocabulary kept: exact
+    ersd_acc, sd_acc = paired.chain_acceptance(p, q, x, [1.0, 1.5], 400, rng, top=3000)
+    assert ersd_acc[1.5] == 1.0 and sd_acc[1.5] == pytest.approx(1.0)
+    assert ersd_acc[1.0] < 1.0
+    # a cut vocabulary with the rest as one runner errs against ERSD, less the more is kept
+    small, _ = paired.chain_acceptance(p, q, x, [1.5], 4000, np.random.default_rng(1), top=300)
+    large, _ = paired.chain_acceptance(p, q, x, [1.5], 4000, np.random.default_rng(1), top=2000)
+    assert small[1.5] < large[1.5] <= 1.0
+    assert large[1.5] >= 0.995

@@ -85,6 +85,20 @@ def text_probs(model: Any, ids: list[int], text: list[int], params: SamplingPara
     return logits_to_probs(rows, params)
 
 
+def text_probs_stepwise(
+    model: Any, ids: list[int], text: list[int], params: SamplingParams
+) -> torch.Tensor:
+    """The same, one token per forward through a session, as the engine feeds a chain's draft.
+    For an int8 draft this matters: dynamic quantization scales activations per call, so one
+    forward over the whole text gives a coarser (and worse) ``q`` than the engine's."""
+    session = model.start(list(ids))
+    rows = []
+    for x in text:
+        rows.append(session.score([], [])[0])
+        session.commit([int(x)], [])
+    return logits_to_probs(torch.stack(rows), params)
+
+
 def chain_acceptance(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -276,7 +290,7 @@ def main() -> None:
                 configs.append((f"ERSD dynamic:{k} beta={beta:g}", dyn, chain, beta))
         per: dict[str, list[dict[str, float]]] = defaultdict(list)
         for i, (ids, text) in enumerate(texts("eval", args.prompts, temp)):
-            q = text_probs(draft, ids, text, params)
+            q = text_probs_stepwise(draft, ids, text, params)
             p_full = text_probs(target, ids, text, params)
             idx = torch.tensor(text)[:, None]
             p_x = p_full.gather(1, idx)[:, 0]

@@ -92,7 +92,7 @@ def _stats_block(res: Any, elapsed: float) -> str:
     default=1.0,
     show_default=True,
     help="ERSD: the drafter races q**BETA instead of q (1 = the paper's rule; > 1 for a target "
-    "more confident than its draft, e.g. 1.3 on the Qwen pair). Never changes the text, only "
+    "more confident than its draft, e.g. 1.15 on the Qwen pair). Never changes the text, only "
     "how much is accepted; fit it with `ersd bench calibrate` (docs/dynamic-trees.md).",
 )
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")

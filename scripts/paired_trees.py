@@ -206,18 +206,24 @@ def t_interval(xs: Sequence[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def common_args(doc: str) -> argparse.ArgumentParser:
+    """The options this script shares with ``sharpness_pairs.py``: models, prompts, budget."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--draft-dtype", default="int8")
     ap.add_argument("--set", default="humaneval")
     ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--calib-prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
     ap.add_argument("--budget", type=int, default=8)
+    return ap
+
+
+def main() -> None:
+    ap = common_args(__doc__ or "")
+    ap.add_argument("--calib-prompts", type=int, default=8)
     ap.add_argument("--sharpness", type=float, nargs="+", default=[1.0, 1.3])
     ap.add_argument("--repeats", type=int, default=2, help="simulated runs per eval text (0: none)")
     ap.add_argument(

@@ -7,19 +7,19 @@ what the drafter proposes, and the comparison is paired on identical texts (unli
 with SD, which samples its own). SD chain:K runs alongside for reference. Configurations rotate
 from prompt to prompt; ratios are paired per prompt with Student-t 95% intervals.
 
-    python scripts/sharpness_pairs.py --prompts 10 --tokens 64 --budget 8 --sharpness 1.3 \
+    python scripts/sharpness_pairs.py --prompts 10 --tokens 64 --budget 8 --sharpness 1.15 \
         --temperatures 0.7 1.0 --out sharpness-pairs.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paired_trees import common_args, t_interval  # scripts/ is on sys.path when run as a script
 
 import ersd
 from ersd.bench.prompts import encode_prompt, load_prompts
@@ -28,20 +28,10 @@ from ersd.models.hf_load import load
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--draft-dtype", default="int8")
-    ap.add_argument("--set", default="humaneval")
-    ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
-    ap.add_argument("--budget", type=int, default=8)
-    ap.add_argument("--sharpness", type=float, default=1.3)
+    ap = common_args(__doc__ or "")
+    ap.add_argument("--sharpness", type=float, default=1.15)
     ap.add_argument("--out", default="sharpness-pairs.json")
     args = ap.parse_args()
-    from paired_trees import t_interval  # scripts/ is on sys.path when run as a script
 
     target = load(args.target, dtype=args.dtype)
     draft = load(args.draft, dtype=args.draft_dtype)

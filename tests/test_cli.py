@@ -38,7 +38,9 @@ def test_models_requirements() -> None:
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize(
-    "cpu_args", [[], ["--draft-dtype", "int8", "--linear", "torch"]], ids=["default", "int8-torch"]
+    "cpu_args",
+    [[], ["--draft-dtype", "int8", "--linear", "torch"], ["--draft-sharpness", "1.3"]],
+    ids=["default", "int8-torch", "sharpness"],
 )
 def test_generate_compare_json_on_smollm2(cpu_args: list[str]) -> None:
     args = [
@@ -73,5 +75,6 @@ def test_generate_compare_json_on_smollm2(cpu_args: list[str]) -> None:
     # the load line names the target's linear-layer path (oneDNN by default where available)
     from ersd.models.cpu import onednn_available
 
-    assert ("float32 oneDNN" in res.stderr) == (not cpu_args and onednn_available())
-    assert ("(int8)" in res.stderr) == bool(cpu_args)
+    linear_torch = "--linear" in cpu_args
+    assert ("float32 oneDNN" in res.stderr) == (not linear_torch and onednn_available())
+    assert ("(int8)" in res.stderr) == ("int8" in cpu_args)

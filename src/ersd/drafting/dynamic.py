@@ -126,8 +126,8 @@ class SharpnessFit:
 
     def add(self, q: torch.Tensor, e: torch.Tensor, winner: int) -> None:
         with np.errstate(divide="ignore"):
-            log_q = np.log(q.numpy()) if q.device.type == "cpu" else np.log(q.cpu().numpy())
-            log_e = np.log(e.numpy())
+            log_q = np.log(q.cpu().numpy())
+            log_e = np.log(e.cpu().numpy())
         for i, beta in enumerate(self.grid):
             if int(np.argmin(log_e - beta * log_q)) == winner:  # -inf log q: +inf, never wins
                 self.hits[i] += 1

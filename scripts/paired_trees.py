@@ -301,7 +301,8 @@ def main() -> None:
             idx = torch.tensor(text)[:, None]
             p_x = p_full.gather(1, idx)[:, 0]
             q_x = q[:, : p_full.shape[1]].gather(1, idx)[:, 0]
-            sd_expected = sd_calls(torch.clamp(q_x / p_x, max=1.0).numpy(), k)
+            exact = torch.clamp(q_x / p_x, max=1.0).numpy()  # SD's acceptance given x
+            sd_expected = sd_calls(exact, k)
             if args.chain_mc > 0:
                 rng = np.random.default_rng(70_000 + i)
                 acc_e: dict[float, list[float]] = defaultdict(list)
@@ -314,7 +315,6 @@ def main() -> None:
                     for beta in args.sharpness:
                         acc_e[beta].append(a_e[beta])
                         acc_s[beta].append(a_s[beta])
-                exact = torch.clamp(q_x / p_x, max=1.0).numpy()
                 for kk in args.dp_budgets:
                     base = sd_calls(exact, kk)
                     for beta in args.sharpness:

@@ -108,7 +108,8 @@ def calibrate(
     for temp in c.temperatures:
         results = []
         # ranks by draft-race margin (dynamic trees) and every draft sharpness's acceptance
-        recorder = MarginRecorder(pair.draft, fit=SharpnessFit())
+        fit = SharpnessFit()
+        recorder = MarginRecorder(pair.draft, fit=fit)
         for i, ids in enumerate(ids_list):
             bar.set_postfix_str(f"T={temp} {prompts[i].id} ersd {c.tree}")
             res = ersd.generate(
@@ -145,15 +146,14 @@ def calibrate(
             "P(R=1)": float(prof.rank_probs()[0]),
             "H[R]_nats": rank_entropy(prof.rank_probs()),
             "draft_sharpness": cfg.run.draft_sharpness,
-            "sharpness_fit": recorder.fit.to_dict() if recorder.fit is not None else None,
+            "sharpness_fit": fit.to_dict(),
         }
         log(
             f"[calibrate] T={temp}: {prof.num_observations} ranks, P(R=1)="
             f"{stats[str(temp)]['P(R=1)']:.3f}, H[R]={stats[str(temp)]['H[R]_nats']:.3f} nats, "
             f"{c.tree} block efficiency {tokens / calls:.2f}"
         )
-        if recorder.fit is not None and recorder.fit.contexts:
-            fit = recorder.fit
+        if fit.contexts:
             rates = dict(zip(fit.grid, fit.rates(), strict=True))
             log(
                 f"[calibrate] T={temp}: draft sharpness {fit.best():g} accepts the most "

@@ -29,6 +29,7 @@ from ersd.errors import (
     UnknownMethodError,
     UnsupportedTreeError,
     VocabularyMismatchError,
+    WatermarkError,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.results import GenerationResult, StepRecord
     from ersd.tree import AutoTree, TreeShape, parse_tree
+    from ersd.watermark import Detection, Watermark, load_watermark
 
 __version__ = "0.1.0"
 
@@ -72,6 +74,9 @@ _LAZY: dict[str, str] = {
     "AutoTree": "ersd.tree",
     "CostModel": "ersd.costs",
     "parse_tree": "ersd.tree",
+    "Watermark": "ersd.watermark.settings",
+    "load_watermark": "ersd.watermark.settings",
+    "Detection": "ersd.watermark.detect",
 }
 
 
@@ -93,6 +98,7 @@ __all__ = [
     "AutoTree",
     "BatchEngine",
     "CostModel",
+    "Detection",
     "DraftSession",
     "Drafter",
     "ErsdError",
@@ -114,6 +120,8 @@ __all__ = [
     "UnknownMethodError",
     "UnsupportedTreeError",
     "VocabularyMismatchError",
+    "Watermark",
+    "WatermarkError",
     "derive_seed",
     "generate",
     "generate_batch",
@@ -121,6 +129,7 @@ __all__ = [
     "generate_stream",
     "get_method",
     "load_model",
+    "load_watermark",
     "logits_to_probs",
     "parse_tree",
 ]

@@ -31,6 +31,7 @@ from ersd.generation import (
     TreeSpec,
     _validate,
     as_drafter,
+    make_noise,
     make_settings,
     sampling_params,
     settle,
@@ -47,6 +48,7 @@ from ersd.race import RaceNoise, _mix64
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape
 from ersd.validation import check_seed
+from ersd.watermark.settings import Watermark
 
 _MASK64 = (1 << 64) - 1
 _POOL: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool) of row_map
@@ -165,6 +167,7 @@ class BatchEngine:
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
         self._choosers: dict[tuple[Any, ...], Any] = {}  # tree="auto": one chooser per group
+        self._watermark_noise: dict[Watermark, RaceNoise] = {}  # one noise per watermark
         #: threads for the rows' work between forwards (:func:`row_map`; None: torch's count)
         self.workers: int | None = None
 
@@ -189,10 +192,17 @@ class BatchEngine:
         top_p: float | None = None,
         min_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        watermark: Watermark | None = None,
     ) -> int:
         """Queue a request; it joins at the next :meth:`step`.  Returns its id."""
         drafter = self.drafter if tree is not None else None
         _validate(self.target, drafter, prompt, max_new_tokens, eos_token_id, seed)
+        noise = self.noise
+        if watermark is not None:
+            noise = self._watermark_noise.get(watermark)  # type: ignore[assignment]
+            if noise is None:
+                noise = make_noise(self.target.vocab_size, watermark, cache_size=512)
+                self._watermark_noise[watermark] = noise
         settings = make_settings(
             self.target,
             drafter,
@@ -200,11 +210,19 @@ class BatchEngine:
             tree=tree if tree is not None else "chain:1",
             params=sampling_params(sampling, temperature, top_k, top_p, min_p),
             eos_token_id=eos_token_id,
-            noise=self.noise,
+            noise=noise,
+            watermark=watermark,
         )
         if settings.chooser is not None:  # tree="auto": one chooser per group of like rows
             settings = replace(settings, chooser=self._shared_chooser(settings))
-        seq = start_sequence(self.target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
+        seq = start_sequence(
+            self.target,
+            drafter,
+            prompt,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            watermark=settings.watermark,
+        )
         _expect_lengths(seq, len(prompt) + max_new_tokens + _tree_slack(settings))
         rid = next(self._ids)
         self._rows[rid] = Row(rid, settings, seq)
@@ -423,6 +441,7 @@ def generate_batch_stream(
     eos_token_id: int | Sequence[int] | None = None,
     sampling: SamplingParams | None = None,
     max_batch_size: int | None = None,
+    watermark: Watermark | None = None,
 ) -> Iterator[tuple[int, StepRecord]]:
     """Like :func:`generate_batch`, yielding ``(prompt index, record)`` per row per step."""
     args = dict(locals())
@@ -446,6 +465,7 @@ def generate_batch(
     eos_token_id: int | Sequence[int] | None = None,
     sampling: SamplingParams | None = None,
     max_batch_size: int | None = None,
+    watermark: Watermark | None = None,
 ) -> list[GenerationResult]:
     """Generate for many prompts at once; one :class:`GenerationResult` per prompt, in order.
 
@@ -478,6 +498,7 @@ def _run_batch(
     eos_token_id: int | Sequence[int] | None,
     sampling: SamplingParams | None,
     max_batch_size: int | None,
+    watermark: Watermark | None,
 ) -> Iterator[tuple[int, StepRecord, GenerationResult | None]]:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise GenerationInputError(
@@ -513,6 +534,7 @@ def _run_batch(
                 tree=tree if drafter is not None else None,
                 sampling=params,
                 eos_token_id=eos_token_id,
+                watermark=watermark,
             )
             index_of[rid] = i
         for rid, rec, res in engine.step():

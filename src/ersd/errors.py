@@ -42,3 +42,7 @@ class ModelLoadError(ErsdError):
 class InputFileError(ErsdError):
     """A file given as input (rank profile, calibration, config) is missing, a directory or
     unreadable."""
+
+
+class WatermarkError(ErsdError):
+    """A watermark setting, key file or detection input is invalid (the key is never shown)."""

@@ -25,7 +25,7 @@ import torch
 
 from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
 from ersd.drafting.dynamic import dynamic_tree, tree_label
-from ersd.errors import GenerationInputError, VocabularyMismatchError
+from ersd.errors import GenerationInputError, VocabularyMismatchError, WatermarkError
 from ersd.methods import DraftTree, Method, TreeVerification, get_method, rule_for, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
@@ -38,6 +38,8 @@ from ersd.validation import (
     check_seed,
     check_token_ids,
 )
+from ersd.watermark.keyed import WatermarkKey, WatermarkNoise
+from ersd.watermark.settings import Watermark, check_watermark
 
 TreeSpec = str | TreeShape | AutoTree | Sequence[Sequence[int]]
 
@@ -58,6 +60,8 @@ class Settings:
     #: ``shape`` is None); one per sequence, which learns from the sequence's own steps — in a
     #: batch, one per group of rows with the same settings, deciding once per step for all
     chooser: Any = None
+    #: the secret-keyed race (:mod:`ersd.watermark`); ``noise`` is then its WatermarkNoise
+    watermark: Watermark | None = None
 
 
 @dataclass
@@ -262,9 +266,13 @@ def make_settings(
     eos_token_id: int | Sequence[int] | None,
     min_forward_tokens: int = 1,
     noise: RaceNoise | None = None,
+    watermark: Watermark | None = None,
 ) -> Settings:
-    """Validate the shared settings of a generation and resolve method, rule and tree once."""
+    """Validate the shared settings of a generation and resolve method, rule and tree once.
+
+    With a ``watermark``, ``noise`` (if given) must be a WatermarkNoise of that watermark."""
     meth = get_method(method)
+    watermark = check_watermark_use(watermark, meth, drafter, params)
     auto = parse_auto(tree) if drafter is not None else None
     chooser = None
     if auto is not None:
@@ -284,11 +292,41 @@ def make_settings(
         rule=rule_for(meth, params),
         shape=shape,
         params=params,
-        noise=noise if noise is not None else RaceNoise(target.vocab_size),
+        noise=noise if noise is not None else make_noise(target.vocab_size, watermark),
         eos=_eos_set(eos_token_id),
         min_forward_tokens=min_forward_tokens,
         chooser=chooser,
+        watermark=watermark,
     )
+
+
+def make_noise(vocab_size: int, watermark: Watermark | None, cache_size: int = 64) -> RaceNoise:
+    """The race noise of a generation: keyed by the watermark's secret when there is one."""
+    if watermark is None:
+        return RaceNoise(vocab_size, cache_size)
+    return WatermarkNoise(vocab_size, watermark, cache_size)
+
+
+def check_watermark_use(
+    watermark: Any, method: Method, drafter: Drafter | None, params: SamplingParams
+) -> Watermark | None:
+    """The watermark if it can mark this generation's every token, else a WatermarkError."""
+    wm = check_watermark(watermark)
+    if wm is None:
+        return None
+    if params.greedy:
+        raise WatermarkError(
+            "a watermark needs sampling: at temperature 0 the text is the target's argmax and "
+            "carries no mark; use a temperature > 0 (e.g. 0.7 or 1)"
+        )
+    info = method.info
+    if drafter is not None and (info is None or not info.race_output):
+        raise WatermarkError(
+            f"method {method.name!r} emits draft samples and corrections that are not the "
+            "target's keyed race winner, so its text would be only partly marked; watermark "
+            "with method='ersd' (every token is the keyed race's winner) or without a draft"
+        )
+    return wm
 
 
 def start_sequence(
@@ -298,13 +336,15 @@ def start_sequence(
     *,
     seed: int,
     max_new_tokens: int,
+    watermark: Watermark | None = None,
 ) -> SequenceState:
     """Open the target session and the drafter's session of one prompt."""
     ids = [int(t) for t in prompt]
+    key = root_key(seed, ids)
     return SequenceState(
         target=target.start(ids),
         drafter=drafter.start_drafting(ids) if drafter is not None else None,
-        key=root_key(seed, ids),
+        key=WatermarkKey.root(key, watermark, seed) if watermark is not None else key,
         max_new_tokens=max_new_tokens,
         max_length=getattr(target, "max_length", None),
     )
@@ -351,6 +391,7 @@ def generate_stream(
     eos_token_id: int | Sequence[int] | None = None,
     sampling: SamplingParams | None = None,
     min_forward_tokens: int = 1,
+    watermark: Watermark | None = None,
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
@@ -365,8 +406,16 @@ def generate_stream(
         params=params,
         eos_token_id=eos_token_id,
         min_forward_tokens=min_forward_tokens,
+        watermark=watermark,
     )
-    seq = start_sequence(target, drafter, prompt, seed=seed, max_new_tokens=max_new_tokens)
+    seq = start_sequence(
+        target,
+        drafter,
+        prompt,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        watermark=settings.watermark,
+    )
     while seq.finish_reason is None:
         yield step(settings, seq)
 
@@ -388,6 +437,7 @@ def generate(
     sampling: SamplingParams | None = None,
     min_forward_tokens: int = 1,
     label: str | None = None,
+    watermark: Watermark | None = None,
 ) -> GenerationResult:
     """Sample up to ``max_new_tokens`` tokens from ``target`` after ``prompt``.
 
@@ -402,6 +452,10 @@ def generate(
     target's context window (``finish_reason`` "eos", "length", "context"), keeping every token.
     ``min_forward_tokens`` pads every target forward to that many fed tokens (throw-away nodes;
     the tokens are unchanged), ``label`` names the result (default: the method's name).
+    ``watermark`` (an :class:`ersd.Watermark`) keys every race by a secret key and the last
+    ``h`` generated tokens instead of the seed alone: every emitted token carries the mark that
+    :func:`ersd.watermark.detect` finds, the text keeps the target's exact distribution over
+    keys, and ERSD keeps its acceptance and its drafter invariance (:mod:`ersd.watermark`).
     """
     t0 = time.perf_counter()
     steps = list(
@@ -420,6 +474,7 @@ def generate(
             eos_token_id=eos_token_id,
             sampling=sampling,
             min_forward_tokens=min_forward_tokens,
+            watermark=watermark,
         )
     )
     return GenerationResult.from_steps(

@@ -19,6 +19,13 @@ Scores are ``E_i / p_i`` in float64 (a division, no logarithm: the noise is draw
 cached, and the per-distribution work stays one pass): tokens with ``p_i = 0`` score ``+inf`` and
 never win, and ties resolve to the lowest token id (``argmin`` returns the first minimum).  The
 draws are clamped away from 0 so that ``0 / 0`` can never occur.
+
+**Watermarked races** (:mod:`ersd.watermark`) use the same loop with a richer key: a
+:class:`ersd.watermark.WatermarkKey` *is* the int of the full-context hash (so every cache, tree and
+record keyed by ints keeps working) and also carries the last ``h`` generated tokens; its own
+:meth:`extend` replaces :func:`extend_key`'s mix, and a :class:`ersd.watermark.WatermarkNoise`
+draws stream 0 from the secret-keyed PRF of that window instead of from this module's Philox.
+A plain :class:`RaceNoise` refuses such a key rather than silently dropping the watermark.
 """
 
 from __future__ import annotations
@@ -61,8 +68,18 @@ def root_key(seed: int, prompt: Iterable[int]) -> int:
 
 
 def extend_key(key: int, token: int) -> int:
-    """Key of the context ``c || token`` given the key of ``c``."""
+    """Key of the context ``c || token`` given the key of ``c``.
+
+    A key object that extends itself (an int subclass with an ``extend`` method, such as
+    :class:`ersd.watermark.WatermarkKey`) does so; a plain int is mixed here."""
+    if type(key) is not int:
+        return key.extend(token)  # type: ignore[attr-defined]
     return _mix64((key * 0x9E3779B97F4A7C15 + int(token) + 1) & _MASK64)
+
+
+def mix_token(key: int, token: int) -> int:
+    """The plain mix :func:`extend_key` applies to an int key (the full-context hash)."""
+    return _mix64((int(key) * 0x9E3779B97F4A7C15 + int(token) + 1) & _MASK64)
 
 
 def extend_key_many(key: int, tokens: Iterable[int]) -> int:
@@ -96,19 +113,28 @@ class RaceNoise:
 
     def uniforms(self, key: int, stream: int, n: int) -> np.ndarray:
         """``n`` independent uniforms in [0, 1) for (key, stream), float64."""
-        return self._generator(key, stream).random(n)
+        return self._generator(int(key), stream).random(n)
+
+    def _draw(self, key: int, stream: int) -> np.ndarray:
+        """The race's ``E`` for (key, stream), uncached (subclasses key stream 0 otherwise)."""
+        if type(key) is not int and getattr(key, "watermarked", False):
+            raise TypeError(
+                "a watermarked race key reached an unwatermarked RaceNoise; build the noise "
+                "with ersd.watermark.WatermarkNoise (ersd.generate(..., watermark=...) does)"
+            )
+        e = self._generator(int(key), stream).standard_exponential(self.vocab_size)
+        np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
+        return e
 
     def exponentials(self, key: int, stream: int = STREAM_RACE) -> torch.Tensor:
         """``E_i ~ Exp(1)`` i.i.d. over the vocabulary (float64, CPU), keyed by (key, stream)."""
-        cache_key = (key, stream)
+        cache_key = (int(key), stream)
         with self._lock:
             hit = self._cache.get(cache_key)
             if hit is not None:
                 self._cache.move_to_end(cache_key)
                 return hit
-        e = self._generator(key, stream).standard_exponential(self.vocab_size)
-        np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
-        out = torch.from_numpy(e)
+        out = torch.from_numpy(self._draw(key, stream))
         with self._lock:
             self._cache[cache_key] = out
             if len(self._cache) > self._cache_size:

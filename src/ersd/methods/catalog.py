@@ -41,6 +41,9 @@ class MethodInfo:
     colour: str  # plot colour
     natural: tuple[str, ...]  # shape templates at budget k, style "natural"
     minimal: tuple[str, ...]  # shape templates at budget k, style "minimal"
+    #: every emitted token is the target's own race winner (stream 0) at its context, so a
+    #: keyed race watermarks all of them (ersd.watermark); rejection methods emit draft samples
+    race_output: bool = False
 
     def shapes(self, k: int, style: str = "natural") -> list[str]:
         """Tree specs of the templates of ``style`` at budget ``k`` (unchecked, may repeat);
@@ -85,6 +88,7 @@ CATALOG: dict[str, MethodInfo] = {
             colour="#d62728",
             natural=_MULTI_DRAFT,
             minimal=("chain:{k}", "multi:2x{k/2}"),
+            race_output=True,
         ),
         MethodInfo(
             name="sd",

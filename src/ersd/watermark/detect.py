@@ -1,0 +1,186 @@
+"""Detecting the watermark from token ids and the key alone (no model).
+
+At every generated position ``t`` the window ``w_t`` is the ``h`` tokens before it (``-1`` before
+the first generated token, so give the detector the generated tokens only, from their first).  A
+position whose window occurred at an earlier position is skipped (the generator used unkeyed noise
+there, :mod:`ersd.watermark.keyed`).  Every other position scores ``-log(1 - r_t)``, ``r_t`` the
+keyed uniform of the emitted token; the sum ``S`` over ``n`` scored positions is ``Gamma(n, 1)``
+under the null (text not written with this key and salt: each ``r_t`` is uniform and independent
+of the others because the windows differ), so the exact p-value is the regularised upper
+incomplete gamma ``Q(n, S)`` (:func:`scipy.special.gammaincc`).  A watermarked token has a large
+``r_t`` (it won a race whose noise favours large ``U``), so ``S`` grows with the text's entropy.
+
+Salts: a text was written with one of ``num_salts`` salts, unknown to the detector unless given;
+with ``k`` salts tried, the reported p-value is Šidák's ``1 - (1 - min_s p_s)**k``, exact under the
+null (the salts' uniforms are independent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import gammaincc
+
+from ersd.errors import WatermarkError
+from ersd.validation import check_token_ids
+from ersd.watermark.settings import Watermark
+
+#: texts with fewer scored positions than this are refused unless ``min_tokens`` is lowered
+DEFAULT_MIN_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What :func:`detect` found in one text.
+
+    ``p_value`` is corrected for the salts tried; ``salt`` is the best one, ``score`` and
+    ``salt_p_value`` its score and uncorrected p-value; ``scored`` the positions scored (first
+    occurrences of their window), ``skipped`` the repeated windows left out; ``token_scores`` (on
+    request) each scored position's ``-log(1 - r_t)`` under the best salt, ``positions`` their
+    indices in the input.
+    """
+
+    p_value: float
+    score: float
+    scored: int
+    skipped: int
+    salt: int
+    salt_p_value: float
+    salts_tried: int
+    threshold: float
+    positions: list[int] = field(default_factory=list, repr=False)
+    token_scores: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def watermarked(self) -> bool:
+        """The verdict at ``threshold``: p-value at most the threshold."""
+        return self.p_value <= self.threshold
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "watermarked": self.watermarked,
+            "p_value": self.p_value,
+            "score": self.score,
+            "scored_tokens": self.scored,
+            "skipped_repeated": self.skipped,
+            "salt": self.salt,
+            "salt_p_value": self.salt_p_value,
+            "salts_tried": self.salts_tried,
+            "threshold": self.threshold,
+        }
+        if self.token_scores:
+            out["positions"] = self.positions
+            out["token_scores"] = self.token_scores
+        return out
+
+
+def scored_windows(
+    token_ids: Sequence[int], context_width: int
+) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
+    """(windows, tokens, positions) of the first occurrence of each window in ``token_ids``."""
+    prefix: list[int] = [-1] * context_width
+    seen: set[tuple[int, ...]] = set()
+    windows: list[tuple[int, ...]] = []
+    tokens: list[int] = []
+    positions: list[int] = []
+    for i, t in enumerate(token_ids):
+        w = tuple(prefix[-context_width:]) if context_width else ()
+        if w not in seen:
+            seen.add(w)
+            windows.append(w)
+            tokens.append(t)
+            positions.append(i)
+        prefix.append(t)
+    return windows, tokens, positions
+
+
+def gamma_p_value(score: float, n: int) -> float:
+    """``P(Gamma(n, 1) >= score)``, exact (regularised upper incomplete gamma)."""
+    if n <= 0:
+        return 1.0
+    return float(gammaincc(n, max(score, 0.0)))
+
+
+def sidak(p: float, k: int) -> float:
+    """Šidák's correction of the smallest of ``k`` independent p-values: ``1 - (1 - p)**k``."""
+    if k <= 1:
+        return p
+    return float(-math.expm1(k * math.log1p(-p))) if p < 1 else 1.0
+
+
+def token_scores(
+    watermark: Watermark, salt: int, windows: Sequence[Sequence[int]], tokens: Sequence[int]
+) -> np.ndarray:
+    """``-log(1 - r_t)`` of each (window, token) under ``salt``."""
+    if not tokens:
+        return np.zeros(0)
+    u = watermark.prf(salt).uniform_at(windows, np.asarray(tokens, dtype=np.int64))
+    return -np.log1p(-u)
+
+
+def detect(
+    token_ids: Sequence[int],
+    watermark: Watermark,
+    *,
+    salt: int | None = None,
+    threshold: float = 0.01,
+    vocab_size: int | None = None,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    per_token: bool = False,
+) -> Detection:
+    """Score ``token_ids`` (the generated tokens, from the first) for ``watermark``'s key.
+
+    ``salt``: the sample's salt when known (then no correction), else every salt is tried (or the
+    watermark's pinned ``salt``).  ``vocab_size``: the tokenizer's, to refuse ids it cannot have
+    made (a tokenizer mismatch).  Raises :class:`~ersd.errors.WatermarkError` on empty input or
+    fewer than ``min_tokens`` scored positions.
+    """
+    if not isinstance(watermark, Watermark):
+        raise WatermarkError(
+            f"watermark must be an ersd.Watermark (ersd.load_watermark(FILE)), got "
+            f"{type(watermark).__name__}"
+        )
+    if not 0 < threshold < 1:
+        raise WatermarkError(f"threshold must lie in (0, 1), got {threshold!r}")
+    if token_ids is None or len(token_ids) == 0:
+        raise WatermarkError("nothing to score: the text has no tokens")
+    ids = check_token_ids(token_ids, vocab_size if vocab_size is not None else 2**62, name="text")
+    windows, tokens, positions = scored_windows(ids, watermark.context_width)
+    if len(tokens) < min_tokens:
+        raise WatermarkError(
+            f"the text is too short to score: {len(tokens)} scored token(s) (first occurrences "
+            f"of their {watermark.context_width}-token window) of {len(ids)}, at least "
+            f"{min_tokens} needed; score a longer text or lower min_tokens"
+        )
+    if salt is not None:
+        if not 0 <= int(salt) < watermark.num_salts:
+            raise WatermarkError(f"salt must lie in [0, {watermark.num_salts}), got {salt!r}")
+        salts = [int(salt)]
+    elif watermark.salt is not None:
+        salts = [watermark.salt]
+    else:
+        salts = list(range(watermark.num_salts))
+    best: tuple[float, float, int, np.ndarray] | None = None
+    for s in salts:
+        scores = token_scores(watermark, s, windows, tokens)
+        total = float(scores.sum())
+        p = gamma_p_value(total, len(tokens))
+        if best is None or p < best[0]:
+            best = (p, total, s, scores)
+    assert best is not None
+    p, total, s, scores = best
+    return Detection(
+        p_value=sidak(p, len(salts)),
+        score=total,
+        scored=len(tokens),
+        skipped=len(ids) - len(tokens),
+        salt=s,
+        salt_p_value=p,
+        salts_tried=len(salts),
+        threshold=threshold,
+        positions=positions if per_token else [],
+        token_scores=scores.tolist() if per_token else [],
+    )

@@ -1,0 +1,239 @@
+"""The watermark's keyed pseudo-random functions: a uniform per (window, token), in NumPy.
+
+A watermarked race at a context draws ``E_i = -log U_i`` with ``U_i = PRF(key, salt, window, i)``
+where ``window`` is the last ``h`` generated tokens (``-1`` before the first one).  Detection needs
+only the emitted token's ``U``, so every PRF here is *counter-based*: one token's value costs one
+block of the underlying generator, not a draw over the whole vocabulary.
+
+Two schemes:
+
+* :class:`ErsdPRF` (``"ersd-v1"``, the default) — a keyed BLAKE2b (RFC 7693, Python's
+  :mod:`hashlib`) of ``(salt, window)`` under the secret key (16-64 bytes, so 128-512-bit key
+  security) gives a 128-bit per-window key; Philox4x64-10 (Salmon et al., SC 2011) in counter mode
+  under that key expands it to one 64-bit word per token (token ``i``: block ``i // 4 + 1``, word
+  ``i % 4``, exactly NumPy's ``Philox(key=...).random_raw()`` order, so generation draws the whole
+  vocabulary with NumPy's C generator and detection computes single words here).
+  ``U = (w >> 11 + 1/2) / 2**53`` lies strictly inside (0, 1).  The secret key only enters
+  BLAKE2b; Philox is a statistical expander of a per-window key, so learning one window's noise
+  says nothing about another window's or about the key.
+* :class:`VllmPRF` (``"vllm-philox"``) — vLLM 0.32's ``vllm.v1.watermarking.PhiloxPRF``
+  (Philox4x32-10 over a 64-bit key, the window's tokens and the token id, 24-bit float32 uniforms)
+  reproduced bit for bit, so vLLM's ``GumbelWatermarkDetector`` checks our text and our detector
+  checks vLLM's (tests in the vLLM environment compare the two).  Its key is only 64 bits and its
+  uniforms have 2**24 levels: interoperability, not the default.  Salt ``s > 0`` turns the key
+  into ``sha256("ersd-salt" || s || key)[:8]`` (salt 0 is vLLM's own key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_M32 = np.uint64(0xFFFFFFFF)
+_U32 = 0xFFFFFFFF
+
+
+def _u64(x: int) -> np.uint64:
+    return np.uint64(x & 0xFFFFFFFFFFFFFFFF)
+
+
+# --- Philox4x64-10 (the default scheme's expander) ------------------------------------------
+
+_P64_M0 = 0xD2E7470EE14C6C93
+_P64_M1 = 0xCA5A826395121157
+_P64_W0 = 0x9E3779B97F4A7C15
+_P64_W1 = 0xBB67AE8584CAA73B
+
+
+def _mulhilo64(a: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) 64-bit words of ``a * m`` from 32-bit halves (uint64 arithmetic wraps)."""
+    m_lo, m_hi = _u64(m & _U32), _u64(m >> 32)
+    a_lo, a_hi = a & _M32, a >> np.uint64(32)
+    p0, p1, p2, p3 = a_lo * m_lo, a_lo * m_hi, a_hi * m_lo, a_hi * m_hi
+    s32 = np.uint64(32)
+    mid = (p0 >> s32) + (p1 & _M32) + (p2 & _M32)
+    hi = p3 + (p1 >> s32) + (p2 >> s32) + (mid >> s32)
+    return hi, a * _u64(m)
+
+
+def philox4x64(
+    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Philox4x64-10 of counters ``(counter0, 0, 0, 0)`` under keys ``(key0, key1)`` (uint64
+    arrays, broadcast): NumPy's ``Philox(key=key1 << 64 | key0)`` block ``counter0``."""
+    zero = np.zeros_like(counter0)
+    c0, c1, c2, c3 = counter0.astype(np.uint64), zero, zero, zero
+    k0, k1 = key0.astype(np.uint64), key1.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        for rnd in range(10):
+            if rnd:
+                k0 = k0 + _u64(_P64_W0)
+                k1 = k1 + _u64(_P64_W1)
+            hi0, lo0 = _mulhilo64(c0, _P64_M0)
+            hi1, lo1 = _mulhilo64(c2, _P64_M1)
+            c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def _words_to_uniform(words: np.ndarray) -> np.ndarray:
+    """53-bit uniforms strictly inside (0, 1): ``((w >> 11) + 1/2) / 2**53``."""
+    return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+class ErsdPRF:
+    """The default scheme: keyed BLAKE2b per window, Philox4x64-10 per token (module doc)."""
+
+    scheme = "ersd-v1"
+
+    def __init__(self, key: bytes, salt: int, context_width: int) -> None:
+        self._key = bytes(key)
+        self._salt = struct.pack("<Q", int(salt))
+        self._fmt = f"<{int(context_width)}q"
+
+    def __repr__(self) -> str:  # never the key
+        return f"ErsdPRF(context_width={struct.calcsize(self._fmt) // 8})"
+
+    def window_key(self, window: Sequence[int]) -> int:
+        """The 128-bit per-window key: BLAKE2b-128 keyed by the secret, of (salt, window)."""
+        h = hashlib.blake2b(
+            self._salt + struct.pack(self._fmt, *window),
+            digest_size=16,
+            key=self._key,
+            person=b"ersd-watermark1",
+        )
+        return int.from_bytes(h.digest(), "little")
+
+    def uniforms(self, window: Sequence[int], vocab_size: int) -> np.ndarray:
+        """``U_i`` for every token ``i < vocab_size`` at ``window`` (float64)."""
+        n = -(-vocab_size // 4) * 4
+        words = np.random.Philox(key=self.window_key(window)).random_raw(n)[:vocab_size]
+        return _words_to_uniform(words)
+
+    def uniform_at(self, windows: Sequence[Sequence[int]], tokens: np.ndarray) -> np.ndarray:
+        """``U`` of ``tokens[j]`` at ``windows[j]`` for every j (float64), one block each."""
+        keys = [self.window_key(w) for w in windows]
+        k0 = np.array([k & 0xFFFFFFFFFFFFFFFF for k in keys], dtype=np.uint64)
+        k1 = np.array([k >> 64 for k in keys], dtype=np.uint64)
+        t = np.asarray(tokens, dtype=np.uint64)
+        blocks = philox4x64(t // np.uint64(4) + np.uint64(1), k0, k1)
+        lane = (t % np.uint64(4)).astype(np.int64)
+        words = np.choose(lane, blocks)
+        return _words_to_uniform(words)
+
+
+# --- vLLM's Philox4x32-10 PRF -----------------------------------------------------------------
+
+_P32_M0 = 0xD2511F53
+_P32_M1 = 0xCD9E8D57
+_P32_W0 = 0x9E3779B9
+_P32_W1 = 0xBB67AE85
+_CONTEXT_DOMAIN = 0x574D4358
+_TOKEN_DOMAIN = 0x574D544B
+
+
+def _philox4x32(
+    c: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], k0: np.ndarray, k1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Philox4x32-10 on 32-bit words held in uint64 arrays (vLLM's round and key schedule)."""
+    c0, c1, c2, c3 = c
+    s32 = np.uint64(32)
+    for rnd in range(10):
+        p0 = c0 * np.uint64(_P32_M0)  # < 2**64: exact
+        p1 = c2 * np.uint64(_P32_M1)
+        c0, c1, c2, c3 = (
+            ((p1 >> s32) ^ c1 ^ k0) & _M32,
+            p1 & _M32,
+            ((p0 >> s32) ^ c3 ^ k1) & _M32,
+            p0 & _M32,
+        )
+        if rnd != 9:
+            k0 = (k0 + np.uint64(_P32_W0)) & _M32
+            k1 = (k1 + np.uint64(_P32_W1)) & _M32
+    return c0, c1, c2, c3
+
+
+def salted_vllm_key(key: int, salt: int) -> int:
+    """The 64-bit vLLM key of ``salt``: the key itself for salt 0, else a SHA-256 derivation."""
+    if salt == 0:
+        return key
+    digest = hashlib.sha256(b"ersd-salt" + struct.pack(">IQ", salt, key)).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+class VllmPRF:
+    """vLLM 0.32's ``PhiloxPRF`` (``philox4x32-10-v1``), bit for bit, in NumPy (module doc)."""
+
+    scheme = "vllm-philox"
+
+    def __init__(self, key: int, salt: int, context_width: int) -> None:
+        k = salted_vllm_key(int(key), int(salt))
+        self._k0 = np.uint64(k & _U32)
+        self._k1 = np.uint64(k >> 32)
+        self.context_width = int(context_width)
+
+    def __repr__(self) -> str:  # never the key
+        return f"VllmPRF(context_width={self.context_width})"
+
+    def _states(
+        self, contexts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Philox state after absorbing each context row (``[n, width]`` ints, -1 padded)."""
+        ctx = contexts.astype(np.int64).astype(np.uint64) & _M32
+        n, width = ctx.shape
+        state = (
+            np.full(n, _CONTEXT_DOMAIN, dtype=np.uint64),
+            np.full(n, width, dtype=np.uint64),
+            np.zeros(n, dtype=np.uint64),
+            np.zeros(n, dtype=np.uint64),
+        )
+        k1 = np.full(n, self._k1, dtype=np.uint64)
+        for offset in range(0, width, 4):
+            block = [
+                ctx[:, offset + i] if offset + i < width else np.full(n, _U32 - i, dtype=np.uint64)
+                for i in range(4)
+            ]
+            counter = (
+                (state[0] ^ block[0]) & _M32,
+                (state[1] ^ block[1]) & _M32,
+                (state[2] ^ block[2]) & _M32,
+                (state[3] ^ block[3]) & _M32,
+            )
+            k0 = np.full(n, (self._k0 ^ np.uint64(offset)) & _M32, dtype=np.uint64)
+            state = _philox4x32(counter, k0, k1)
+        return state
+
+    def _token_words(
+        self,
+        state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        groups: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The four words of token group ``groups`` (token >> 2) under each state (broadcast)."""
+        s0, s1, s2, s3 = state
+        k0 = (self._k0 ^ s3) & _M32
+        k1 = (self._k1 ^ np.uint64(_TOKEN_DOMAIN)) & _M32
+        zero = np.zeros_like(groups)
+        return _philox4x32((groups, s0 + zero, s1 + zero, s2 + zero), k0 + zero, k1 + zero)
+
+    @staticmethod
+    def _to_uniform(words: np.ndarray) -> np.ndarray:
+        """vLLM's ``uint32_to_uniform``: ``float32((w >> 8) + 1) / (2**24 + 1))``, as float64."""
+        u = ((words >> np.uint64(8)).astype(np.float64) + 1.0) / float(2**24 + 1)
+        return u.astype(np.float32).astype(np.float64)
+
+    def uniforms(self, window: Sequence[int], vocab_size: int) -> np.ndarray:
+        state = self._states(np.asarray([window], dtype=np.int64))
+        groups = np.arange(-(-vocab_size // 4), dtype=np.uint64)
+        words = np.stack(self._token_words(state, groups), axis=1).reshape(-1)[:vocab_size]
+        return self._to_uniform(words)
+
+    def uniform_at(self, windows: Sequence[Sequence[int]], tokens: np.ndarray) -> np.ndarray:
+        if len(windows) == 0:
+            return np.zeros(0)
+        state = self._states(np.asarray(windows, dtype=np.int64).reshape(len(windows), -1))
+        t = np.asarray(tokens, dtype=np.int64).astype(np.uint64)
+        words = np.choose((t & np.uint64(3)).astype(np.int64), self._token_words(state, t >> 2))
+        return self._to_uniform(words)

@@ -17,6 +17,8 @@ COMMANDS: dict[str, str] = {
     "theory": "ersd.commands.theory:theory",
     "bench": "ersd.commands.bench:bench",
     "serve": "ersd.commands.serve:serve",
+    "watermark": "ersd.commands.watermark:watermark",
+    "audit": "ersd.commands.watermark:audit",
 }
 
 _HELP = {
@@ -25,6 +27,8 @@ _HELP = {
     "theory": "Acceptance, rank distributions, bounds and optimal trees (tables and figures).",
     "bench": "Run benchmarks and report them.",
     "serve": "Serve a model over an OpenAI-compatible HTTP API (streaming, continuous batching).",
+    "watermark": "Watermark key files and the model-free detector (docs/watermark.md).",
+    "audit": "Check that a text is exactly what a target samples with a seed (and key).",
 }
 
 

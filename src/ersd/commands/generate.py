@@ -139,6 +139,19 @@ def _stats_block(res: Any, elapsed: float) -> str:
     help="With --prompts-file: write the JSON Lines here instead of stdout (implies --json).",
 )
 @click.option("--no-progress", is_flag=True, help="With --prompts-file: no progress bar.")
+@click.option(
+    "--watermark-key-file",
+    type=click.Path(),
+    default=None,
+    help="Watermark every token with the secret key in this private file (ERSD or target-only; "
+    "`ersd watermark keygen --out F` makes one; docs/watermark.md).",
+)
+@click.option(
+    "--watermark-context",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens of context that key each race (default: the key file's, else 4).",
+)
 def generate(
     prompt: str | None,
     models: ModelArgs,
@@ -158,6 +171,8 @@ def generate(
     batch_size: int | None,
     out: str | None,
     no_progress: bool,
+    watermark_key_file: str | None,
+    watermark_context: int | None,
 ) -> None:
     """Generate text from PROMPT with speculative sampling (default: ERSD on the Qwen pair).
 
@@ -193,6 +208,13 @@ def generate(
         else:
             shape = parse_auto(tree) or ersd.parse_tree(tree, temperature=temperature)
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
+        if watermark_context is not None and watermark_key_file is None:
+            raise click.UsageError("--watermark-context goes with --watermark-key-file FILE")
+        wm = (
+            ersd.load_watermark(watermark_key_file, context_width=watermark_context)
+            if watermark_key_file is not None
+            else None
+        )
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         if lines is not None and parse_dynamic(tree):
             raise click.UsageError(
@@ -212,6 +234,9 @@ def generate(
             seed=seed,
             eos_token_id=pair.target.eos_token_ids,
         )
+        if wm is not None:
+            kwargs["watermark"] = wm
+            log(f"[watermark: {wm!r}, salt {wm.salt_for(seed)} for seed {seed}]")
         if lines is not None:
             run_prompts_file(
                 pair,
@@ -288,6 +313,14 @@ def _generate_one(
     )
     text = tmodel.tokenizer.decode(res.tokens, skip_special_tokens=True)
     out: dict[str, Any] = {"text": text, **res.stats(), "tokens": res.tokens}
+    wm = kwargs.get("watermark")
+    if wm is not None:  # which key (by fingerprint, never the key) and salt marked the text
+        out["watermark"] = {
+            "scheme": wm.scheme,
+            "key_fingerprint": wm.fingerprint,
+            "context_width": wm.context_width,
+            "salt": wm.salt_for(kwargs["seed"]),
+        }
     if not as_json:
         click.echo("")
         label = f"{out['method']} {tree}" if dmodel is not None else "target-only"

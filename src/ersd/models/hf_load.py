@@ -276,3 +276,21 @@ def load(
                 f"(got {torch_dtype} on {device}); use linear='torch' or 'auto'"
             )
     return HFModel(model, tokenizer, tree_attention=tree_attention, name=name)
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Only the Hugging Face tokenizer of a bundled name, a folder or a hub id (no weights are
+    loaded; a bundled model is prepared first if it is not yet)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ModelLoadError(
+            "loading a tokenizer needs transformers; install it with `pip install 'ersd[hf]'`"
+        ) from exc
+    folder = _resolve(str(name_or_path))
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"could not load the tokenizer of {name_or_path}: {_first_line(exc)}"
+        ) from exc

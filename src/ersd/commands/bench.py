@@ -391,3 +391,94 @@ def serve_load(
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(str(path))
+
+
+@bench.command("watermark")
+@click.argument("parts", nargs=-1, required=True)
+@model_options(dtype="float32")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder.")
+@click.option("--prompts", type=int, default=40, show_default=True, help="Per prompt set.")
+@click.option("--seeds", default="0,1", show_default=True, help="Seeds per prompt.")
+@click.option("--temperatures", default="0.7,1", show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--human-texts", type=int, default=2000, show_default=True, help="fpr: texts.")
+@click.option("--speed-prompts", type=int, default=8, show_default=True)
+@click.option("--speed-tokens", type=int, default=64, show_default=True)
+@click.option("--trees", default="chain:6,multi:2x3", show_default=True, help="speed, identity.")
+@click.option("--report-only", is_flag=True, help="Rewrite report.md from the records in --out.")
+def watermark_bench(
+    parts: tuple[str, ...],
+    models: ModelArgs,
+    out_dir: str,
+    prompts: int,
+    seeds: str,
+    temperatures: str,
+    max_new_tokens: int,
+    batch_size: int,
+    human_texts: int,
+    speed_prompts: int,
+    speed_tokens: int,
+    trees: str,
+    report_only: bool,
+) -> None:
+    """The watermark benchmark: PARTS among fpr, detect, robust, speed (or all).
+
+    fpr needs only the target's tokenizer; detect/robust sample from the target (batched
+    target-only, which gives the same text as watermarked ERSD; checked on a subset with the
+    draft); speed runs watermarked and unwatermarked ERSD side by side. See docs/watermark.md."""
+    import shlex
+    import sys
+
+    from ersd.bench import watermark as wb
+    from ersd.commands._loading import load_pair
+    from ersd.errors import ErsdError
+
+    chosen = list(wb.PARTS) if parts == ("all",) else list(parts)
+    bad = [p for p in chosen if p not in wb.PARTS]
+    if bad:
+        raise click.UsageError(f"unknown part(s) {bad}; choose among {', '.join(wb.PARTS)}, all")
+    out = Path(out_dir)
+    if report_only:
+        click.echo(wb.write_report(out).read_text())
+        return
+    try:
+        tree_list = [t.strip() for t in trees.split(",") if t.strip()]
+        temps = [float(t) for t in temperatures.split(",")]
+        seed_list = [int(s) for s in seeds.split(",")]
+    except ValueError:
+        raise click.UsageError("--temperatures and --seeds are comma-separated numbers") from None
+    try:
+        needs_model = any(p in chosen for p in ("detect", "robust", "speed"))
+        if needs_model:
+            pair = load_pair(models)
+            target, draft, tok = pair.target, pair.draft, pair.target.tokenizer
+            setup = pair.summary()
+        else:
+            from ersd.models.hf_load import load_tokenizer
+
+            target, draft, tok, setup = None, None, load_tokenizer(models.target), models.target
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "meta.json").write_text(
+            json.dumps({"command": shlex.join(["ersd", *sys.argv[1:]]), "setup": setup})
+        )
+        path = wb.run(
+            chosen,
+            out,
+            target=target,
+            draft=draft,
+            tokenizer=tok,
+            prompts=prompts,
+            seeds=seed_list,
+            temperatures=temps,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            human_texts_max=human_texts,
+            speed_prompts=speed_prompts,
+            speed_tokens=speed_tokens,
+            trees=tree_list,
+            log=_echo_err,
+        )
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(path.read_text())

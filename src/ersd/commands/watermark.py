@@ -99,6 +99,7 @@ def detect(
     from ersd.models.hf_load import load_tokenizer
     from ersd.watermark import detect as run_detect
     from ersd.watermark import load_watermark
+    from ersd.watermark.detect import encode_text
 
     try:
         wm = load_watermark(key_file, context_width=context_width)
@@ -118,7 +119,7 @@ def detect(
                     "--ids: SOURCE must be a JSON list of token ids"
                 ) from None
         else:
-            token_ids = tok.encode(raw, add_special_tokens=False)
+            token_ids = encode_text(tok, raw)
         res = run_detect(
             token_ids,
             wm,
@@ -180,6 +181,7 @@ def audit(
     from ersd.watermark import audit as run_audit
     from ersd.watermark import load_watermark
     from ersd.watermark.audit import DEFAULT_TIE_TOLERANCE
+    from ersd.watermark.detect import encode_text
 
     if (text is None) == (text_file is None):
         raise click.UsageError("give the generated text as --text or --text-file (one of them)")
@@ -195,7 +197,7 @@ def audit(
         pair = load_pair(ModelArgs(**{**models.__dict__, "draft": "none"}))
         tmodel = pair.target
         prompt_ids = _encode(tmodel.tokenizer, prompt, chat)
-        text_ids = [int(t) for t in tmodel.tokenizer.encode(body, add_special_tokens=False)]
+        text_ids = encode_text(tmodel.tokenizer, body)
         tol = tie_tolerance
         if tol is None:
             tol = DEFAULT_TIE_TOLERANCE if pair.dtype in ("float32", "gguf") else 0.05

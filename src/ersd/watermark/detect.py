@@ -78,23 +78,32 @@ class Detection:
 
 
 def scored_windows(
-    token_ids: Sequence[int], context_width: int
-) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
-    """(windows, tokens, positions) of the first occurrence of each window in ``token_ids``."""
-    prefix: list[int] = [-1] * context_width
-    seen: set[tuple[int, ...]] = set()
-    windows: list[tuple[int, ...]] = []
-    tokens: list[int] = []
-    positions: list[int] = []
-    for i, t in enumerate(token_ids):
-        w = tuple(prefix[-context_width:]) if context_width else ()
-        if w not in seen:
-            seen.add(w)
-            windows.append(w)
-            tokens.append(t)
-            positions.append(i)
-        prefix.append(t)
-    return windows, tokens, positions
+    token_ids: Sequence[int] | np.ndarray, context_width: int
+) -> tuple[np.ndarray, list[int], list[int]]:
+    """(windows ``[n, h]``, tokens, positions) of the first occurrence of each window in
+    ``token_ids`` (window of position ``i``: the ``h`` tokens before it, ``-1``-padded)."""
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    padded = np.concatenate([np.full(context_width, -1, dtype=np.int64), ids])
+    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[: len(ids)]
+    _, first = np.unique(rows, axis=0, return_index=True)
+    first.sort()
+    return rows[first], ids[first].tolist(), first.tolist()
+
+
+def _as_ids(token_ids: Sequence[int], vocab_size: int | None) -> np.ndarray:
+    """Token ids as int64 (a fast path for lists and arrays of ints; anything else goes through
+    :func:`ersd.validation.check_token_ids` for its error message)."""
+    arr = np.asarray(token_ids) if not isinstance(token_ids, str | bytes) else None
+    limit = vocab_size if vocab_size is not None else 2**62
+    if (
+        arr is None
+        or arr.ndim != 1
+        or arr.dtype.kind not in "iu"
+        or int(arr.min()) < 0
+        or int(arr.max()) >= limit
+    ):
+        return np.asarray(check_token_ids(token_ids, limit, name="text"), dtype=np.int64)
+    return arr.astype(np.int64, copy=False)
 
 
 def gamma_p_value(score: float, n: int) -> float:
@@ -112,12 +121,16 @@ def sidak(p: float, k: int) -> float:
 
 
 def token_scores(
-    watermark: Watermark, salt: int, windows: Sequence[Sequence[int]], tokens: Sequence[int]
+    watermark: Watermark,
+    salts: Sequence[int],
+    windows: Sequence[Sequence[int]] | np.ndarray,
+    tokens: Sequence[int],
 ) -> np.ndarray:
-    """``-log(1 - r_t)`` of each (window, token) under ``salt``."""
+    """``-log(1 - r_t)`` of each (window, token) under each salt: ``[len(salts), n]``."""
     if not tokens:
-        return np.zeros(0)
-    u = watermark.prf(salt).uniform_at(windows, np.asarray(tokens, dtype=np.int64))
+        return np.zeros((len(salts), 0))
+    prf = watermark.prf(salts[0])
+    u = prf.uniform_at(windows, np.asarray(tokens, dtype=np.int64), salts=salts)
     return -np.log1p(-u)
 
 
@@ -147,7 +160,7 @@ def detect(
         raise WatermarkError(f"threshold must lie in (0, 1), got {threshold!r}")
     if token_ids is None or len(token_ids) == 0:
         raise WatermarkError("nothing to score: the text has no tokens")
-    ids = check_token_ids(token_ids, vocab_size if vocab_size is not None else 2**62, name="text")
+    ids = _as_ids(token_ids, vocab_size)
     windows, tokens, positions = scored_windows(ids, watermark.context_width)
     if len(tokens) < min_tokens:
         raise WatermarkError(
@@ -163,20 +176,16 @@ def detect(
         salts = [watermark.salt]
     else:
         salts = list(range(watermark.num_salts))
-    best: tuple[float, float, int, np.ndarray] | None = None
-    for s in salts:
-        scores = token_scores(watermark, s, windows, tokens)
-        total = float(scores.sum())
-        p = gamma_p_value(total, len(tokens))
-        if best is None or p < best[0]:
-            best = (p, total, s, scores)
-    assert best is not None
-    p, total, s, scores = best
+    all_scores = token_scores(watermark, salts, windows, tokens)
+    totals = all_scores.sum(axis=1)
+    i = int(np.argmax(totals))  # the largest score has the smallest p-value (same n)
+    s, scores, total = salts[i], all_scores[i], float(totals[i])
+    p = gamma_p_value(total, len(tokens))
     return Detection(
         p_value=sidak(p, len(salts)),
         score=total,
         scored=len(tokens),
-        skipped=len(ids) - len(tokens),
+        skipped=int(len(ids) - len(tokens)),
         salt=s,
         salt_p_value=p,
         salts_tried=len(salts),
@@ -184,3 +193,14 @@ def detect(
         positions=positions if per_token else [],
         token_scores=scores.tolist() if per_token else [],
     )
+
+
+def encode_text(tokenizer: object, text: str) -> list[int]:
+    """Token ids of a generated text as the generator emitted them: no special tokens added (an
+    :class:`ersd.Tokenizer` or a Hugging Face tokenizer)."""
+    hf = getattr(tokenizer, "hf_tokenizer", tokenizer)
+    try:
+        ids = hf.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+    except TypeError:
+        ids = hf.encode(text)  # type: ignore[attr-defined]
+    return [int(t) for t in ids]

@@ -8,11 +8,12 @@ block of the underlying generator, not a draw over the whole vocabulary.
 Two schemes:
 
 * :class:`ErsdPRF` (``"ersd-v1"``, the default) — a keyed BLAKE2b (RFC 7693, Python's
-  :mod:`hashlib`) of ``(salt, window)`` under the secret key (16-64 bytes, so 128-512-bit key
-  security) gives a 128-bit per-window key; Philox4x64-10 (Salmon et al., SC 2011) in counter mode
-  under that key expands it to one 64-bit word per token (token ``i``: block ``i // 4 + 1``, word
-  ``i % 4``, exactly NumPy's ``Philox(key=...).random_raw()`` order, so generation draws the whole
-  vocabulary with NumPy's C generator and detection computes single words here).
+  :mod:`hashlib`) of the window under the secret key (16-64 bytes, so 128-512-bit key security)
+  gives a 128-bit per-window key; Philox4x64-10 (Salmon et al., SC 2011) in counter mode under
+  that key expands it to one 64-bit word per token and salt (token ``i`` of salt ``s``: counter
+  ``(i // 4 + 1, s, 0, 0)``, word ``i % 4``, exactly NumPy's ``Philox(key=..., counter=[0, s, 0,
+  0]).random_raw()`` order, so generation draws the whole vocabulary with NumPy's C generator and
+  detection computes single words here, all salts from one hash per token).
   ``U = (w >> 11 + 1/2) / 2**53`` lies strictly inside (0, 1).  The secret key only enters
   BLAKE2b; Philox is a statistical expander of a per-window key, so learning one window's noise
   says nothing about another window's or about the key.
@@ -61,12 +62,12 @@ def _mulhilo64(a: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def philox4x64(
-    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray
+    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray, counter1: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Philox4x64-10 of counters ``(counter0, 0, 0, 0)`` under keys ``(key0, key1)`` (uint64
-    arrays, broadcast): NumPy's ``Philox(key=key1 << 64 | key0)`` block ``counter0``."""
-    zero = np.zeros_like(counter0)
-    c0, c1, c2, c3 = counter0.astype(np.uint64), zero, zero, zero
+    """Philox4x64-10 of counters ``(counter0, counter1, 0, 0)`` under keys ``(key0, key1)``
+    (uint64 arrays, broadcast): NumPy's ``Philox(key=key1 << 64 | key0)`` at that counter."""
+    zero = np.zeros_like(counter0, dtype=np.uint64)
+    c0, c1, c2, c3 = counter0.astype(np.uint64), zero + _u64(counter1), zero, zero
     k0, k1 = key0.astype(np.uint64), key1.astype(np.uint64)
     with np.errstate(over="ignore"):
         for rnd in range(10):
@@ -91,38 +92,60 @@ class ErsdPRF:
 
     def __init__(self, key: bytes, salt: int, context_width: int) -> None:
         self._key = bytes(key)
-        self._salt = struct.pack("<Q", int(salt))
+        self.salt = int(salt)
         self._fmt = f"<{int(context_width)}q"
 
     def __repr__(self) -> str:  # never the key
-        return f"ErsdPRF(context_width={struct.calcsize(self._fmt) // 8})"
+        return f"ErsdPRF(context_width={struct.calcsize(self._fmt) // 8}, salt={self.salt})"
 
-    def window_key(self, window: Sequence[int]) -> int:
-        """The 128-bit per-window key: BLAKE2b-128 keyed by the secret, of (salt, window)."""
-        h = hashlib.blake2b(
-            self._salt + struct.pack(self._fmt, *window),
+    def window_key(self, window: Sequence[int]) -> bytes:
+        """The 128-bit per-window key: BLAKE2b-128 keyed by the secret, of the window."""
+        return hashlib.blake2b(
+            struct.pack(self._fmt, *window),
             digest_size=16,
             key=self._key,
             person=b"ersd-watermark1",
+        ).digest()
+
+    def window_keys(self, windows: Sequence[Sequence[int]] | np.ndarray) -> bytes:
+        """:meth:`window_key` of every window, concatenated (16 bytes each)."""
+        rows = np.ascontiguousarray(np.asarray(windows, dtype="<i8").reshape(len(windows), -1))
+        buf = memoryview(rows.tobytes())
+        step = rows.shape[1] * 8
+        key, person = self._key, b"ersd-watermark1"
+        blake = hashlib.blake2b
+        return b"".join(
+            [
+                blake(buf[i : i + step], digest_size=16, key=key, person=person).digest()
+                for i in range(0, len(buf), step)
+            ]
         )
-        return int.from_bytes(h.digest(), "little")
 
     def uniforms(self, window: Sequence[int], vocab_size: int) -> np.ndarray:
         """``U_i`` for every token ``i < vocab_size`` at ``window`` (float64)."""
         n = -(-vocab_size // 4) * 4
-        words = np.random.Philox(key=self.window_key(window)).random_raw(n)[:vocab_size]
-        return _words_to_uniform(words)
+        key = int.from_bytes(self.window_key(window), "little")
+        gen = np.random.Philox(key=key, counter=[0, self.salt, 0, 0])
+        return _words_to_uniform(gen.random_raw(n)[:vocab_size])
 
-    def uniform_at(self, windows: Sequence[Sequence[int]], tokens: np.ndarray) -> np.ndarray:
-        """``U`` of ``tokens[j]`` at ``windows[j]`` for every j (float64), one block each."""
-        keys = [self.window_key(w) for w in windows]
-        k0 = np.array([k & 0xFFFFFFFFFFFFFFFF for k in keys], dtype=np.uint64)
-        k1 = np.array([k >> 64 for k in keys], dtype=np.uint64)
+    def uniform_at(
+        self,
+        windows: Sequence[Sequence[int]] | np.ndarray,
+        tokens: np.ndarray,
+        salts: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        """``U`` of ``tokens[j]`` at ``windows[j]`` for every j (float64), one block each; with
+        ``salts``, a ``[len(salts), n]`` array (one hash per window serves every salt)."""
+        keys = np.frombuffer(self.window_keys(windows), dtype="<u8").reshape(-1, 2)
+        k0, k1 = keys[:, 0].astype(np.uint64), keys[:, 1].astype(np.uint64)
         t = np.asarray(tokens, dtype=np.uint64)
-        blocks = philox4x64(t // np.uint64(4) + np.uint64(1), k0, k1)
         lane = (t % np.uint64(4)).astype(np.int64)
-        words = np.choose(lane, blocks)
-        return _words_to_uniform(words)
+        counter = t // np.uint64(4) + np.uint64(1)
+        out = [
+            _words_to_uniform(np.choose(lane, philox4x64(counter, k0, k1, s)))
+            for s in (salts if salts is not None else [self.salt])
+        ]
+        return np.stack(out) if salts is not None else out[0]
 
 
 # --- vLLM's Philox4x32-10 PRF -----------------------------------------------------------------
@@ -170,6 +193,7 @@ class VllmPRF:
     scheme = "vllm-philox"
 
     def __init__(self, key: int, salt: int, context_width: int) -> None:
+        self._key = int(key)
         k = salted_vllm_key(int(key), int(salt))
         self._k0 = np.uint64(k & _U32)
         self._k1 = np.uint64(k >> 32)
@@ -230,10 +254,26 @@ class VllmPRF:
         words = np.stack(self._token_words(state, groups), axis=1).reshape(-1)[:vocab_size]
         return self._to_uniform(words)
 
-    def uniform_at(self, windows: Sequence[Sequence[int]], tokens: np.ndarray) -> np.ndarray:
+    def uniform_at(
+        self,
+        windows: Sequence[Sequence[int]] | np.ndarray,
+        tokens: np.ndarray,
+        salts: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        if salts is not None:
+            return np.stack(
+                [
+                    VllmPRF._salted(self._key, s, self.context_width).uniform_at(windows, tokens)
+                    for s in salts
+                ]
+            )
         if len(windows) == 0:
             return np.zeros(0)
         state = self._states(np.asarray(windows, dtype=np.int64).reshape(len(windows), -1))
         t = np.asarray(tokens, dtype=np.int64).astype(np.uint64)
         words = np.choose((t & np.uint64(3)).astype(np.int64), self._token_words(state, t >> 2))
         return self._to_uniform(words)
+
+    @staticmethod
+    def _salted(key: int, salt: int, context_width: int) -> VllmPRF:
+        return VllmPRF(key, salt, context_width)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ersd.race import STREAM_RACE, RaceNoise, mix_token
+from ersd.watermark.prf import WatermarkPRF
 from ersd.watermark.settings import Watermark
 
 _PAD = -1
@@ -83,12 +84,12 @@ class WatermarkNoise(RaceNoise):
     def __init__(self, vocab_size: int, watermark: Watermark, cache_size: int = 64) -> None:
         super().__init__(vocab_size, cache_size)
         self.watermark = watermark
-        self._prfs: dict[int, Any] = {}
+        self._prfs: dict[int, WatermarkPRF] = {}
 
     def __repr__(self) -> str:
         return f"WatermarkNoise(vocab_size={self.vocab_size}, {self.watermark!r})"
 
-    def prf(self, salt: int) -> Any:
+    def prf(self, salt: int) -> WatermarkPRF:
         prf = self._prfs.get(salt)
         if prf is None:
             prf = self._prfs[salt] = self.watermark.prf(salt)

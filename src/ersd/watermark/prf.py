@@ -30,8 +30,26 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+
+
+class WatermarkPRF(Protocol):
+    """A keyed PRF bound to one salt: a whole race's uniforms at a window (generation) and single
+    (window, token) uniforms under one or several salts (detection)."""
+
+    scheme: str
+
+    def uniforms(self, window: Sequence[int], vocab_size: int) -> np.ndarray: ...
+
+    def uniform_at(
+        self,
+        windows: Sequence[Sequence[int]] | np.ndarray,
+        tokens: np.ndarray,
+        salts: Sequence[int] | None = None,
+    ) -> np.ndarray: ...
+
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _M32 = np.uint64(0xFFFFFFFF)

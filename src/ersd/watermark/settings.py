@@ -22,10 +22,13 @@ import secrets
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ersd.errors import WatermarkError
 from ersd.validation import as_integer
+
+if TYPE_CHECKING:
+    from ersd.watermark.prf import WatermarkPRF
 
 #: the keyed-race schemes (:mod:`ersd.watermark.prf`)
 SCHEMES: tuple[str, ...] = ("ersd-v1", "vllm-philox")
@@ -123,7 +126,7 @@ class Watermark:
     def with_salt(self, salt: int | None) -> Watermark:
         return replace(self, salt=salt)
 
-    def prf(self, salt: int) -> Any:
+    def prf(self, salt: int) -> WatermarkPRF:
         """The keyed PRF of ``salt`` (:mod:`ersd.watermark.prf`)."""
         from ersd.watermark.prf import ErsdPRF, VllmPRF
 

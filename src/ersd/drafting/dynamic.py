@@ -17,7 +17,7 @@ get the same specs grown from the draft's confidence instead (their i.i.d. lanes
 margin): :mod:`ersd.drafting.confidence`.  At temperature 0 the tree is a chain of
 ``min(K, depth cap)`` greedy tokens.
 
-Spec strings (through :func:`dynamic_tree`, called by :func:`ersd.generate`):
+Spec strings (parsed by :mod:`ersd.tree_spec`; :func:`dynamic_drafter` makes their drafter):
 ``dynamic:K`` (depth cap K), ``dynamic:K@D`` (depth cap D), ``dynamic-cost:K[@D]`` (cost-aware;
 the drafter must carry a cost model).  Without a calibrated predictor the drafter starts from a
 weak prior and learns online from its own observations: at each verified context the emitted
@@ -491,45 +491,31 @@ class DynamicDraftSession(RaceDraftSession):
         return tree
 
 
-def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Drafter | None, Any]:
-    """Hook of :func:`ersd.generate`: for a ``dynamic[-cost]:K[@D]`` spec, the drafter that grows
-    it and the envelope shape (a chain of the depth cap); other specs pass through."""
-    spec = parse_dynamic(tree)
-    if spec is None or drafter is None:
-        return drafter, tree
+def dynamic_drafter(spec: DynamicSpec, drafter: Drafter | None, method: Method) -> Drafter:
+    """The drafter that grows ``spec``'s trees for ``method`` from ``drafter``: for ERSD a
+    :class:`DynamicDrafter` (``drafter``'s model, or ``drafter`` itself reconfigured), for SD /
+    SpecInfer / SpecTr a confidence-grown one (:mod:`ersd.drafting.confidence`).  Its
+    ``depth_cap`` bounds the trees (the loop's envelope shape is a chain of that depth)."""
     from ersd.drafting.confidence import baseline_drafter
-    from ersd.methods import get_method
 
-    meth = get_method(method)
-    if not isinstance(meth, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
-        base = baseline_drafter(spec, drafter, meth)
-        return base, TreeShape.chain(base.depth_cap)
+    if not isinstance(method, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
+        return baseline_drafter(spec, drafter, method)
     if isinstance(drafter, DynamicDrafter):
-        out = drafter.configured(spec)
-    elif isinstance(drafter, ModelDrafter):
+        return drafter.configured(spec)
+    if isinstance(drafter, ModelDrafter):
         if spec.cost_aware:
             raise GenerationInputError(
-                f"tree {tree!r} is cost-aware and needs forward-time curves: pass "
+                f"tree {spec.spec!r} is cost-aware and needs forward-time curves: pass "
                 "draft=ersd.drafting.DynamicDrafter(model, costs=...) (e.g. the CostModel of an "
-                "`ersd bench calibrate` file)"
+                "`ersd bench calibrate` file)",
+                param="tree",
             )
-        out = DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
-    else:
-        raise GenerationInputError(
-            f"tree {tree!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
-            f"{type(drafter).__name__}"
-        )
-    return out, TreeShape.chain(out.depth_cap)
-
-
-def tree_label(tree: Any, draft: Any) -> Any:
-    """The tree a result is labelled with: the dynamic spec when a dynamic drafter drafts."""
-    from ersd.drafting.confidence import ConfidenceDrafter
-
-    if isinstance(draft, DynamicDrafter | ConfidenceDrafter) and parse_dynamic(tree) is None:
-        return draft.spec
-    spec = parse_dynamic(tree)
-    return spec.spec if spec is not None else tree
+        return DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
+    raise GenerationInputError(
+        f"tree {spec.spec!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
+        f"{type(drafter).__name__}",
+        param="tree",
+    )
 
 
 __all__ = [
@@ -541,7 +527,6 @@ __all__ = [
     "RaceDraftSession",
     "SharpnessFit",
     "as_predictor",
-    "dynamic_tree",
+    "dynamic_drafter",
     "parse_dynamic",
-    "tree_label",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ersd.auto import CurveCache
 from ersd.drafting import Drafter, ModelDrafter, ModelDraftSession, Proposal
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.generation import (
@@ -180,6 +181,7 @@ class BatchEngine:
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
         self._choosers: dict[tuple[Any, ...], Any] = {}  # tree="auto": one chooser per group
+        self.curves = CurveCache()  # tree="auto": the cost curves its choosers measure
         #: threads for the rows' work between forwards (None: torch's intra-op thread count)
         self.rows = RowPool()
 
@@ -221,7 +223,7 @@ class BatchEngine:
             raise GenerationInputError(
                 f"give add() a Request or a prompt with keywords, not both (got {sorted(keywords)})"
             )
-        settings = request.resolve(self.target, self.drafter, noise=self.noise)
+        settings = request.resolve(self.target, self.drafter, noise=self.noise, curves=self.curves)
         if settings.chooser is not None:  # tree="auto": one chooser per group of like rows
             settings = replace(settings, chooser=self._shared_chooser(settings))
         seq = start_sequence(self.target, request, settings)

@@ -213,12 +213,15 @@ class Request:
         drafter: Drafter | None,
         *,
         noise: RaceNoise | None = None,
+        curves: Any = None,
     ) -> Settings:
         """Check the request against the models and make the loop's settings, once.
 
         ``drafter``: the generation's drafter (``None``, or a request without a tree: nothing is
         drafted); a ``dynamic:K`` tree gets its own drafter built from it.  ``noise``: the race
-        noise to share (a batch engine's cache), else a new one."""
+        noise to share (a batch engine's cache), else a new one; ``curves``: the
+        :class:`ersd.auto.CurveCache` a ``tree="auto"`` chooser measures into (a batch
+        engine's), else its own."""
         tree = self.parsed_tree if drafter is not None else None
         drafter = drafter if tree is not None else None
         self.check_models(target, drafter)
@@ -235,7 +238,7 @@ class Request:
                 from ersd.auto import TreeChooser
 
                 chooser = TreeChooser(
-                    tree.auto, target, drafter, meth, rule, self.sampling.temperature
+                    tree.auto, target, drafter, meth, rule, self.sampling.temperature, curves
                 )
             else:
                 shape = tree.shape

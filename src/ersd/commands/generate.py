@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -164,6 +165,7 @@ def generate(
     With --prompts-file, generate for every prompt of a JSON Lines file at once (batched).
     """
     import ersd
+    from ersd.auto import CurveCache, sharing
     from ersd.commands._prompts_file import read_prompts, run_prompts_file
     from ersd.errors import ErsdError
     from ersd.tree_spec import parse_tree_spec
@@ -188,6 +190,8 @@ def generate(
         # every tree kind parses once, at the request's temperature (ersd.tree_spec): fixed
         # shapes, optimal:K@FILE, auto (chosen per step) and dynamic:K[@D] (grown per step)
         shape = parse_tree_spec(tree, temperature=temperature)
+        if shape.auto is not None:  # the warm-up's measured cost curves serve the real run
+            shape = replace(shape, auto=sharing(shape.auto, CurveCache()))
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         pair = load_pair(models)

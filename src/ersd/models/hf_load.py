@@ -128,11 +128,12 @@ def _weight_files(folder: Path | str) -> str:
     return ", ".join(files) or "its weight files"
 
 
-def _resolve(name: str) -> Path | str:
-    """A bundled name's prepared folder, a local folder, or a hub id (returned as a string)."""
+def _resolve(name: str, progress: bool = False) -> Path | str:
+    """A bundled name's prepared folder, a local folder, or a hub id (returned as a string);
+    ``progress``: the first use's preparation reports on stderr."""
     registry, prepare = _bundled()
     if name in registry:
-        return Path(prepare(name))
+        return Path(prepare(name, progress=progress))
     if Path(name).expanduser().is_dir():
         return Path(name).expanduser()
     if "/" not in name or name.startswith((".", "~")):
@@ -157,6 +158,7 @@ def load(
     device: str = "cpu",
     tree_attention: str = "auto",
     linear: str = "auto",
+    progress: bool = False,
     **config_overrides: Any,
 ) -> HFModel:
     """Load a causal LM: a bundled offline name (``ersd models list``), a local folder or a hub id.
@@ -173,7 +175,9 @@ def load(
     :mod:`ersd.models.cpu`.
 
     ``config_overrides`` update the model config before the weights are loaded, e.g.
-    ``num_hidden_layers=8`` makes a layer-truncated draft of the same checkpoint.
+    ``num_hidden_layers=8`` makes a layer-truncated draft of the same checkpoint.  ``progress``:
+    report a bundled model's first-use preparation on stderr (silent by default; the CLI turns
+    it on).
     """
     from ersd.models.cpu import LINEAR_MODES
 
@@ -190,7 +194,7 @@ def load(
     check_device(device)
     torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
     name = str(name_or_path)
-    folder = _resolve(name)
+    folder = _resolve(name, progress)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:

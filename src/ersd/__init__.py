@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.results import GenerationResult, StepRecord
-    from ersd.tree import AutoTree, TreeShape, parse_tree
+    from ersd.tree import AutoTree, TreeShape
+    from ersd.tree_spec import parse_tree
 
 __version__ = "0.1.0"
 
@@ -71,7 +72,7 @@ _LAZY: dict[str, str] = {
     "TreeShape": "ersd.tree",
     "AutoTree": "ersd.tree",
     "CostModel": "ersd.costs",
-    "parse_tree": "ersd.tree",
+    "parse_tree": "ersd.tree_spec",
 }
 
 

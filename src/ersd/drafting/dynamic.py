@@ -27,7 +27,6 @@ token is the target's race winner, whose rank in the draft's race the drafter co
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ import torch
 from ersd.drafting.base import Drafter, Proposal
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
 from ersd.drafting.policy import CostState, OpenContext, StepCosts, plan_round
-from ersd.errors import GenerationInputError, InvalidTreeSpecError, UnsupportedTreeError
+from ersd.errors import GenerationInputError, UnsupportedTreeError
 from ersd.methods import DraftTree, GreedyRule, Method
 from ersd.methods.ersd import ERSD
 from ersd.models.base import LanguageModel, ModelSession
@@ -47,21 +46,7 @@ from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
 from ersd.tree import TreeShape
-
-_SPEC = re.compile(r"\s*(dynamic|dynamic-cost)\s*:\s*([1-9][0-9]*)\s*(?:@\s*([1-9][0-9]*)\s*)?")
-
-
-@dataclass(frozen=True)
-class DynamicSpec:
-    budget: int
-    max_depth: int | None = None
-    cost_aware: bool = False
-
-    @property
-    def spec(self) -> str:
-        kind = "dynamic-cost" if self.cost_aware else "dynamic"
-        cap = f"@{self.max_depth}" if self.max_depth is not None else ""
-        return f"{kind}:{self.budget}{cap}"
+from ersd.tree_spec import DynamicSpec, parse_dynamic
 
 
 def check_budget(budget: Any, max_depth: Any) -> None:
@@ -69,21 +54,6 @@ def check_budget(budget: Any, max_depth: Any) -> None:
     for name, v in (("budget", budget), ("max_depth", max_depth)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
-
-
-def parse_dynamic(spec: Any) -> DynamicSpec | None:
-    """The :class:`DynamicSpec` of a ``dynamic[-cost]:K[@D]`` string; None for other specs."""
-    if not isinstance(spec, str) or not spec.strip().lower().startswith("dynamic"):
-        return None
-    m = _SPEC.fullmatch(spec.lower())
-    if not m:
-        raise InvalidTreeSpecError(
-            f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
-            "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
-        )
-    return DynamicSpec(
-        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
-    )
 
 
 @dataclass(frozen=True)

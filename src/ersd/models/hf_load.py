@@ -90,6 +90,21 @@ def _memory_hint(name: str, folder: Path, dtype: torch.dtype) -> str:
 
 
 @contextlib.contextmanager
+def _transformers_bars(progress: bool) -> Iterator[None]:
+    """transformers' progress bars (loading weights) only when ``progress``."""
+    from transformers.utils import logging as hf_logging
+
+    on = hf_logging.is_progress_bar_enabled()
+    if on and not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if on and not progress:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _transformers_verbosity_error(active: bool) -> Iterator[None]:
     """Silence transformers' warnings (not errors) inside the block when ``active``."""
     if not active:
@@ -226,7 +241,7 @@ def load(
         # transformers' load report (a warning table of every unused weight) quiet then
         quiet = set(config_overrides) == {"num_hidden_layers"}
         tokenizer = AutoTokenizer.from_pretrained(folder)  # cheap: fail before the weights
-        with _transformers_verbosity_error(quiet):
+        with _transformers_verbosity_error(quiet), _transformers_bars(progress):
             model: Any = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, dtype=torch_dtype
             )

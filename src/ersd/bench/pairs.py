@@ -4,7 +4,8 @@ At T > 0 each configuration samples its own text, and on a few dozen prompts the
 independent means are wider than the gaps that matter.  Pairing every configuration with a
 reference run on the **same prompt, temperature and seed** removes the prompt-to-prompt spread:
 per run the ratio of tokens per target call and of tokens/s to the reference, then Student-t 95%
-intervals over runs (:func:`ersd.bench.stats.t_interval`).
+intervals over runs (:func:`ersd.bench.stats.t_interval`).  The table gives each configuration's
+per-run mean tokens per call (with its interval) and the pooled one (all tokens ÷ all calls).
 
 A configuration is labelled ``method tree`` (``@drafter`` when a drafter other than the draft
 model drafted; baselines by their method alone).  A reference label may hold ``{k}``, the
@@ -79,11 +80,14 @@ def pairs_report(records: Iterable[dict[str, Any]], against: Sequence[str]) -> s
         names = sorted({n for run in runs for n in run})
         recs = [r for run in runs for r in run.values()]
         lookup = any("lookup" in (r.get("drafter_stats") or {}) for r in recs)
-        head = "| configuration | runs | tokens/call | tokens/s | draft forwards / call |"
+        head = (
+            "| configuration | runs | tokens/call | tokens/s | pooled tokens/call "
+            "| draft forwards / call |"
+        )
         lines += [
             f"\n### T = {temp:g} ({len(runs)} prompt × seed runs)\n",
             head + (" lookup time (share of wall) |" if lookup else ""),
-            "|---|---|---|---|---|" + ("---|" if lookup else ""),
+            "|---|---|---|---|---|---|" + ("---|" if lookup else ""),
         ]
         for n in names:
             mine = [run[n] for run in runs if n in run]
@@ -91,7 +95,8 @@ def pairs_report(records: Iterable[dict[str, Any]], against: Sequence[str]) -> s
             forwards = sum(r.get("draft_forwards") or 0 for r in mine) / calls if calls else 0.0
             per_call = t_interval([_per_call(r) for r in mine]).format(2)
             tps = t_interval([float(r["tokens_per_second"]) for r in mine]).format(2)
-            row = f"| {n} | {len(mine)} | {per_call} | {tps} | {forwards:.2f} |"
+            pooled = sum(r["num_tokens"] for r in mine) / calls if calls else 0.0
+            row = f"| {n} | {len(mine)} | {per_call} | {tps} | {pooled:.2f} | {forwards:.2f} |"
             if lookup:
                 row += f" {_lookup_share(mine)} |"
             lines.append(row)

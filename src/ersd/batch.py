@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from ersd.auto import CurveCache
-from ersd.drafting import Drafter, ModelDrafter, ModelDraftSession, Proposal
+from ersd.drafting import Drafter, ModelDrafter, Proposal
+from ersd.drafting.base import GrowingSession
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.generation import (
     SequenceState,
@@ -329,6 +330,8 @@ class BatchEngine:
         proposals: list[Proposal | None] = [None] * len(rows)
         depths = [0] * len(rows)
         growing: dict[int, Generator[Any, torch.Tensor, DraftTree]] = {}
+        sessions: dict[int, GrowingSession] = {}  # the growing rows' draft sessions
+        model = self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
         decided: dict[int, TreeShape | None] = {}  # tree="auto": one decision per chooser
         for i, row in enumerate(rows):
             chooser = row.settings.chooser
@@ -349,24 +352,23 @@ class BatchEngine:
             ):
                 self._widest = shape  # the step's largest tree: what its forwards cost
             s = row.settings
-            if isinstance(drafter, ModelDraftSession) and isinstance(self.drafter, ModelDrafter):
+            if model is not None and isinstance(drafter, GrowingSession):
+                sessions[i] = drafter
                 growing[i] = drafter.grow(shape, row.seq.key, s.rule, s.params, s.noise)
             else:
                 proposals[i] = drafter.propose(shape, row.seq.key, s.rule, s.params, s.noise)
         if growing:
-            model = self.drafter.model  # type: ignore[union-attr]
+            assert model is not None
             pending = {i: next(g) for i, g in growing.items()}
             forwards = dict.fromkeys(growing, 0)
             # sessions that share state across rows (a dynamic drafter's predictor and counters)
             # draft one row at a time; plain model drafting works on the rows side by side
-            side_by_side = all(
-                rows[i].seq.drafter.parallel_grow  # type: ignore[union-attr]
-                for i in growing
-            )
+            side_by_side = all(sessions[i].parallel_grow for i in growing)
             while pending:
                 idx = list(pending)
-                sessions = [rows[i].seq.drafter.session for i in idx]  # type: ignore[union-attr]
-                outs = score_many(model, sessions, [pending[i] for i in idx])
+                outs = score_many(
+                    model, [sessions[i].session for i in idx], [pending[i] for i in idx]
+                )
                 columns = ([growing[i] for i in idx], outs)
                 sent = (
                     self.rows.map(_resume, *columns)
@@ -381,11 +383,12 @@ class BatchEngine:
                         proposals[i] = Proposal(tree, forwards=forwards[i])
                         del pending[i]
         draft_time = time.perf_counter() - t0
-        for p in proposals:
-            assert p is not None
+        done = [p for p in proposals if p is not None]
+        assert len(done) == len(rows)
+        for p in done:
             if p.forwards:
                 p.seconds = draft_time  # the shared forwards' time, as each row saw it
-        return proposals, depths, draft_time  # type: ignore[return-value]
+        return done, depths, draft_time
 
 
 def _sessions(seq: SequenceState) -> tuple[Any, Any]:

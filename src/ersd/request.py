@@ -233,7 +233,7 @@ class Request:
             if tree.dynamic is not None:
                 with blame("tree"):
                     drafter = dynamic_drafter(tree.dynamic, drafter, meth)
-                shape = TreeShape.chain(drafter.depth_cap)  # type: ignore[attr-defined]
+                shape = TreeShape.chain(drafter.depth_cap)
             elif tree.auto is not None:
                 from ersd.auto import TreeChooser
 

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
 from ersd.tree import TreeShape
 from ersd.tree_spec import DynamicSpec, parse_dynamic
+
+if TYPE_CHECKING:
+    from ersd.drafting.confidence import ConfidenceDrafter
 
 
 def check_budget(budget: Any, max_depth: Any) -> None:
@@ -461,7 +464,9 @@ class DynamicDraftSession(RaceDraftSession):
         return tree
 
 
-def dynamic_drafter(spec: DynamicSpec, drafter: Drafter | None, method: Method) -> Drafter:
+def dynamic_drafter(
+    spec: DynamicSpec, drafter: Drafter | None, method: Method
+) -> DynamicDrafter | ConfidenceDrafter:
     """The drafter that grows ``spec``'s trees for ``method`` from ``drafter``: for ERSD a
     :class:`DynamicDrafter` (``drafter``'s model, or ``drafter`` itself reconfigured), for SD /
     SpecInfer / SpecTr a confidence-grown one (:mod:`ersd.drafting.confidence`).  Its

@@ -119,6 +119,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_token_id: int | Sequence[int] | frozenset[int] | None = None
     min_forward_tokens: int = 1
+    # a field that changes the sequence's races (another key scheme) is read by root_key() alone
 
     def __post_init__(self) -> None:
         with blame("prompt"):

@@ -26,6 +26,7 @@ def pair() -> tuple[ersd.FunctionModel, ersd.FunctionModel]:
 
 
 def test_request_is_a_checked_normalised_value() -> None:
+    assert ersd.Request is Request
     req = Request([1, 2], max_new_tokens=5, seed=3, tree="chain:2", eos_token_id=4)
     assert req.prompt == (1, 2) and req.eos == frozenset({4})
     assert req.verification.name == "ersd" and req.parsed_tree is not None

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from paired_trees import common_args, t_interval  # scripts/ is on sys.path when run as a script
 
 import ersd
+from ersd.bench.paired import common_args, t_interval
 from ersd.bench.prompts import encode_prompt, load_prompts
 from ersd.methods.ersd import ERSD
 from ersd.models.hf_load import load

@@ -3,11 +3,17 @@ contract tests (float32, fixed torch seeds, no downloads)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from ersd.models.hf import HFModel, HFSession
+from tests.backend_contract import random_parents as random_tree
+from tests.backend_contract import random_path
 
 V = 320
 
@@ -86,3 +92,85 @@ def save_tiny(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
     tiny_model(arch, seed).save_pretrained(folder)
     word_tokenizer(V).save_pretrained(folder)
     return folder
+
+
+# --- shared by the adapter tests and the device check (scripts/device/gpu_check.py) ----------
+
+ATOL = 1e-4
+TREE_SPECS = ["chain:3", "multi:2x2", "paths:[[0],[1],[0,0],[1,0],[0,0,0]]"]
+
+MODELS: dict[str, Callable[[], Any]] = {
+    "llama-sdpa": lambda: tiny_model("llama", 0, "sdpa"),
+    "llama-eager": lambda: tiny_model("llama", 0, "eager"),
+    "qwen2-sdpa": lambda: tiny_model("qwen2", 1, "sdpa"),
+    "qwen2-eager": lambda: tiny_model("qwen2", 1, "eager"),
+    "qwen2-sliding": lambda: tiny_model("qwen2", 2, "sdpa", window=5),  # mixed layer types
+}
+
+
+class Checker:
+    """Drives an HFSession and checks every returned row against a plain forward."""
+
+    def __init__(
+        self, model: Any, session: HFSession, plain: Callable[[Any, list[int]], Any] | None = None
+    ) -> None:
+        self.model = model
+        self.plain = plain or plain_logits  # the reference forward (a device check passes its own)
+        self.session = session
+        self.ptok: list[int] = []
+        self.ppar: list[int] = []
+        self.worst = 0.0
+        self.vocab = V
+        self.atol = ATOL
+
+    def seq(self, node: int) -> list[int]:
+        out: list[int] = []
+        while node >= 0:
+            out.append(self.ptok[node])
+            node = self.ppar[node]
+        return self.session.committed + out[::-1]
+
+    def score(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        first = len(self.ptok)
+        rows = self.session.score(tokens, parents)
+        self.ptok += tokens
+        self.ppar += parents
+        assert rows.shape == (1 + len(tokens), self.vocab) and rows.dtype == torch.float32
+        seqs = [self.session.committed] + [self.seq(first + i) for i in range(len(tokens))]
+        for row, seq in zip(rows, seqs, strict=True):
+            err = (row - self.plain(self.model, seq)).abs().max().item()
+            self.worst = max(self.worst, err)
+            assert err < self.atol, f"row for {seq} off by {err}"
+        return rows
+
+    def commit(self, tokens: list[int], path: list[int]) -> None:
+        self.session.commit(tokens, path)
+        self.ptok, self.ppar = [], []
+        assert self.session.cache_length <= len(self.session.committed)
+
+
+def run_random_session(
+    model: Any,
+    hm: HFModel,
+    seed: int,
+    steps: int = 8,
+    plain: Callable[[Any, list[int]], Any] | None = None,
+) -> Checker:
+    """Random drafter- and target-style tree calls and commits, every row checked."""
+    rng = random.Random(seed)
+    sess = hm.start([rng.randrange(V) for _ in range(rng.randrange(1, 9))])
+    chk = Checker(model, sess, plain)
+    for _ in range(steps):
+        if rng.random() < 0.5:  # drafter style: root first, then level by level
+            chk.score([], [])
+            for _level in range(rng.randrange(1, 4)):
+                level = [p for p in random_tree(rng, len(chk.ptok), rng.randrange(1, 4))]
+                chk.score([rng.randrange(V) for _ in level], level)
+        else:  # target style: the whole tree in one call
+            parents = random_tree(rng, 0, rng.randrange(0, 9))
+            chk.score([rng.randrange(V) for _ in parents], parents)
+        path = random_path(rng, chk.ppar)
+        extra = [rng.randrange(V) for _ in range(rng.choice([0, 1, 1, 2]))]
+        chk.commit([chk.ptok[i] for i in path] + extra, path)
+    chk.score([], [])
+    return chk

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import ersd
-from ersd.auto import OnlineProfile, TreeChooser
+from ersd.auto import CurveCache, OnlineProfile, TreeChooser
 from ersd.batch import derive_seed
 from ersd.cli import main
 from ersd.costs import CostModel, CostModelError, measure_costs, predict
@@ -162,9 +162,7 @@ def test_measured_step_times_correct_the_choice() -> None:
     assert c.timing["plain"].target_ratio == pytest.approx(1.0)
     assert c.choose([1], batch=4) is None
     # a step whose measured time came with a cost measurement is skipped
-    import ersd.auto as auto_mod
-
-    auto_mod._MEASUREMENTS[0] += 1
+    c.curves.measurements += 1
     c.observe_times(4, 0.0, 100 * plain, 100 * plain)
     assert c.timing["plain"].steps == 1
     # a different batch size than the one the choice was made for is not learned either
@@ -334,7 +332,15 @@ def test_ersd_auto_gives_the_target_only_tokens(pair, temperature: float) -> Non
     # measured costs (the default): the measurement forwards stay out of the sequences
     measured = ersd.generate(target, draft, [4, 5], tree="auto", **kw)
     assert measured.tokens == plain.tokens and len(measured.auto_choices) >= 1
-    assert (1, (1, 2, 4, 8)) in target.__dict__["_ersd_cost_curves"]
+    assert not any("ersd" in name for name in vars(target))  # nothing written on the model
+    # a CurveCache shared through AutoTree(costs=...) is measured into once, for every call
+    curves = CurveCache()
+    shared = AutoTree(costs=curves)
+    ersd.generate(target, draft, [4, 5], tree=shared, **kw)
+    measured_once = curves.measurements
+    again = ersd.generate(target, draft, [4, 5], tree=shared, **kw)
+    assert measured_once > 0 and curves.measurements == measured_once
+    assert again.tokens == plain.tokens
 
 
 def test_online_profile_grows_the_trees_for_a_perfect_draft(pair) -> None:

@@ -219,3 +219,17 @@ def test_bad_batches_fail_before_anything_runs(pair) -> None:
     with pytest.raises(VocabularyMismatchError):
         ersd.generate_batch(target, other, [[1]], max_new_tokens=3)
     assert target.forward_calls == calls
+
+
+def test_growing_sessions_declare_the_protocol(pair) -> None:
+    """The engine grows trees level by level only through the written GrowingSession protocol:
+    model, dynamic and confidence-grown sessions offer it; a model-free drafter's does not."""
+    from ersd.drafting import ConfidenceDrafter, DynamicDrafter, LookupDrafter
+    from ersd.drafting.base import GrowingSession
+
+    _, draft = pair
+    growing = [ersd.ModelDrafter(draft), DynamicDrafter(draft, 4), ConfidenceDrafter(draft, 4)]
+    for drafter in growing:
+        session = drafter.start_drafting([1, 2])
+        assert isinstance(session, GrowingSession), type(session).__name__
+    assert not isinstance(LookupDrafter().start_drafting([1, 2]), GrowingSession)

@@ -33,7 +33,8 @@ from ersd.bench.stats import bootstrap_interval, t_interval
 from ersd.bench.trees import natural_shapes
 from ersd.errors import InvalidTreeSpecError
 from ersd.theory import RankProfile, expected_block_efficiency, optimal_tree
-from ersd.tree import TreeShape, parse_tree
+from ersd.tree import TreeShape
+from ersd.tree_spec import parse_tree
 
 
 def _toy_config(**run: object) -> dict:

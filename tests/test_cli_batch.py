@@ -42,8 +42,15 @@ def _jsonl(text: str) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("method", "extra"),
-    [("ersd", []), ("sd", []), ("ersd", ["--draft", "lookup"]), ("ersd", ["--draft", "none"])],
-    ids=["ersd", "sd", "lookup", "target-only"],
+    [
+        ("ersd", []),
+        ("sd", []),
+        ("ersd", ["--draft", "lookup"]),
+        ("ersd", ["--draft", "none"]),
+        ("ersd", ["--tree", "dynamic:4"]),
+        ("sd", ["--tree", "dynamic:3"]),
+    ],
+    ids=["ersd", "sd", "lookup", "target-only", "dynamic", "sd-dynamic"],
 )
 def test_each_line_equals_its_single_prompt_run(
     tmp_path: Path, method: str, extra: list[str]
@@ -143,9 +150,6 @@ BAD_OPTIONS = [
     pytest.param(["--batch-size", "4", "hello"], "goes with --prompts-file", id="batch-alone"),
     pytest.param(["--out", "{dir}/o.jsonl", "hi"], "goes with --prompts-file", id="out-alone"),
     pytest.param(["--prompts-file", "{file}", "--compare"], "--compare runs one", id="compare"),
-    pytest.param(
-        ["--prompts-file", "{file}", "--tree", "dynamic:4"], "fixed tree", id="dynamic-tree"
-    ),
 ]
 
 

@@ -108,7 +108,13 @@ def test_serve_builds_its_app_through_the_shared_loader(monkeypatch: pytest.Monk
     app = seen["app"]
     assert type(app.state.draft).__name__ == "HybridDrafter"
     config = app.state.config
-    assert config.tree == ersd.parse_tree("chain:3") and config.model_name == "toy"
+    assert config.tree.shape == ersd.parse_tree("chain:3") and config.model_name == "toy"
     assert seen["port"] == 8123 and seen["ran"] and "draft lookup+toy-draft" in res.stderr
     res = CliRunner().invoke(main, ["serve", "--target", "toy", "--draft", "lookup:bogus=1"])
     assert res.exit_code == 1 and "bogus" in res.output
+    # every tree kind serves: a dynamic tree is parsed once, at start-up
+    dyn = ["serve", "--target", "toy", "--draft", "toy-draft", "--tree", "dynamic:4"]
+    res = CliRunner().invoke(main, dyn, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    tree = seen["app"].state.config.tree
+    assert tree.dynamic is not None and tree.label == "dynamic:4"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,64 +24,25 @@ from ersd.errors import GenerationInputError
 from ersd.models.hf import HFModel, HFSession, from_pretrained_model
 from tests.backend_contract import random_parents as random_tree
 from tests.backend_contract import random_path
-from tests.hf_tiny import V, plain_logits, tiny_model, tiny_pair, word_tokenizer
-
-ATOL = 1e-4
-
+from tests.hf_tiny import (
+    ATOL,
+    MODELS,
+    TREE_SPECS,
+    Checker,
+    V,
+    plain_logits,
+    run_random_session,
+    tiny_model,
+    tiny_pair,
+    word_tokenizer,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-MODELS: dict[str, Callable[[], Any]] = {
-    "llama-sdpa": lambda: tiny_model("llama", 0, "sdpa"),
-    "llama-eager": lambda: tiny_model("llama", 0, "eager"),
-    "qwen2-sdpa": lambda: tiny_model("qwen2", 1, "sdpa"),
-    "qwen2-eager": lambda: tiny_model("qwen2", 1, "eager"),
-    "qwen2-sliding": lambda: tiny_model("qwen2", 2, "sdpa", window=5),  # mixed layer types
-}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request: pytest.FixtureRequest) -> Any:
     return MODELS[request.param]()
-
-
-class Checker:
-    """Drives an HFSession and checks every returned row against a plain forward."""
-
-    def __init__(self, model: Any, session: HFSession) -> None:
-        self.model = model
-        self.session = session
-        self.ptok: list[int] = []
-        self.ppar: list[int] = []
-        self.worst = 0.0
-        self.vocab = V
-        self.atol = ATOL
-
-    def seq(self, node: int) -> list[int]:
-        out: list[int] = []
-        while node >= 0:
-            out.append(self.ptok[node])
-            node = self.ppar[node]
-        return self.session.committed + out[::-1]
-
-    def score(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        first = len(self.ptok)
-        rows = self.session.score(tokens, parents)
-        self.ptok += tokens
-        self.ppar += parents
-        assert rows.shape == (1 + len(tokens), self.vocab) and rows.dtype == torch.float32
-        seqs = [self.session.committed] + [self.seq(first + i) for i in range(len(tokens))]
-        for row, seq in zip(rows, seqs, strict=True):
-            err = (row - plain_logits(self.model, seq)).abs().max().item()
-            self.worst = max(self.worst, err)
-            assert err < self.atol, f"row for {seq} off by {err}"
-        return rows
-
-    def commit(self, tokens: list[int], path: list[int]) -> None:
-        self.session.commit(tokens, path)
-        self.ptok, self.ppar = [], []
-        assert self.session.cache_length <= len(self.session.committed)
 
 
 TREES = {
@@ -104,26 +64,6 @@ def test_one_forward_tree_rows_equal_path_forwards(model: Any, shape: str) -> No
     chk.score([rng.randrange(V) for _ in parents], parents)
     assert hm.forward_calls == calls + 1  # the prompt and the whole tree in ONE forward
     assert sess.cache_length == 6 + len(parents)
-
-
-def run_random_session(model: Any, hm: HFModel, seed: int, steps: int = 8) -> Checker:
-    rng = random.Random(seed)
-    sess = hm.start([rng.randrange(V) for _ in range(rng.randrange(1, 9))])
-    chk = Checker(model, sess)
-    for _ in range(steps):
-        if rng.random() < 0.5:  # drafter style: root first, then level by level
-            chk.score([], [])
-            for _level in range(rng.randrange(1, 4)):
-                level = [p for p in random_tree(rng, len(chk.ptok), rng.randrange(1, 4))]
-                chk.score([rng.randrange(V) for _ in level], level)
-        else:  # target style: the whole tree in one call
-            parents = random_tree(rng, 0, rng.randrange(0, 9))
-            chk.score([rng.randrange(V) for _ in parents], parents)
-        path = random_path(rng, chk.ppar)
-        extra = [rng.randrange(V) for _ in range(rng.choice([0, 1, 1, 2]))]
-        chk.commit([chk.ptok[i] for i in path] + extra, path)
-    chk.score([], [])
-    return chk
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -190,9 +130,6 @@ def test_architecture_without_custom_masks_falls_back_once(ignore: bool) -> None
 @pytest.fixture(scope="module")
 def pair() -> tuple[HFModel, HFModel]:
     return tiny_pair()  # type: ignore[no-any-return]
-
-
-TREE_SPECS = ["chain:3", "multi:2x2", "paths:[[0],[1],[0,0],[1,0],[0,0,0]]"]
 
 
 @pytest.mark.parametrize("tree", TREE_SPECS)

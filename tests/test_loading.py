@@ -162,3 +162,21 @@ def test_cli_generates_with_the_toy_pair_without_the_bench_models() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_load_model_is_silent_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundled model's first-use preparation reports on stderr only when ``progress=True``
+    (the CLI's choice), never by default."""
+    from ersd.models import hf_load
+
+    asked: list[bool] = []
+
+    def prepare(name: str, progress: bool = True) -> str:
+        asked.append(progress)
+        raise ersd.ModelLoadError("stop here")
+
+    monkeypatch.setattr(hf_load, "_bundled", lambda: ({"fake-model": None}, prepare))
+    for kw in ({}, {"progress": True}):
+        with pytest.raises(ersd.ModelLoadError, match="stop here"):
+            ersd.load_model("fake-model", **kw)
+    assert asked == [False, True]

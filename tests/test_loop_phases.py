@@ -10,10 +10,11 @@ import torch
 import ersd
 from ersd import GenerationInputError
 from ersd.drafting import Proposal
-from ersd.generation import commit, make_settings, propose, score, start_sequence, verify
+from ersd.generation import commit, propose, score, start_sequence, verify
 from ersd.methods import GREEDY, DraftTree, Method, NodeNoise, rule_for
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise
+from ersd.request import Request
 from ersd.tree import TreeShape
 from tests.toy import mixed_draft, table_model
 
@@ -92,11 +93,9 @@ def test_a_model_is_wrapped_in_a_model_drafter(pair) -> None:
 def test_phases_compose_into_one_step(pair) -> None:
     target, draft = pair
     drafter = ersd.ModelDrafter(draft)
-    params = SamplingParams(1.0)
-    settings = make_settings(
-        target, drafter, method="ersd", tree="chain:3", params=params, eos_token_id=None
-    )
-    seq = start_sequence(target, drafter, [1, 2], seed=7, max_new_tokens=10)
+    request = Request([1, 2], max_new_tokens=10, seed=7, tree="chain:3")
+    settings = request.resolve(target, drafter)
+    seq = start_sequence(target, request, settings)
     proposal, depth = propose(settings, seq)
     assert depth == 3 and proposal.tree.num_nodes == 3 and proposal.forwards == 3
     logits, _ = score(settings, seq, proposal.tree)

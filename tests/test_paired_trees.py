@@ -1,4 +1,4 @@
-"""The paired estimator of ``scripts/paired_trees.py``: its two pieces of probability.
+"""The paired estimator of :mod:`ersd.bench.paired`: its two pieces of probability.
 
 * ``conditioned_race(p, x)`` draws race noise conditioned on the target's winner being ``x``;
   drawing ``x ~ p`` first must give back i.i.d. ``Exp(1)`` noise (Kolmogorov-Smirnov, alpha =
@@ -10,24 +10,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
+from ersd.bench import paired
 from ersd.race import race_winner
-
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "paired_trees.py"
-_spec = importlib.util.spec_from_file_location("paired_trees", _PATH)
-assert _spec is not None and _spec.loader is not None
-paired = importlib.util.module_from_spec(_spec)
-sys.modules["paired_trees"] = paired
-_spec.loader.exec_module(paired)
 
 ALPHA = 1e-3
 P = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)

@@ -203,6 +203,49 @@ def test_stop_strings_and_n(server: str, client: openai.OpenAI) -> None:
     assert many.model_extra["ersd"]["choices"][2]["seed"] == ersd.derive_seed(4, 2)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_negative_seed_is_refused_for_any_n(client: openai.OpenAI, n: int) -> None:
+    """Regression: the request model took seeds in [-2**63, 2**64) and the library [0, 2**64):
+    a negative seed failed late with n = 1 and was silently derived away with n > 1."""
+    for seed in (-1, 2**64):
+        with pytest.raises(openai.BadRequestError, match=r"\[0, 2\*\*64\)") as err:
+            client.completions.create(model="toy", prompt="AB", seed=seed, n=n, max_tokens=2)
+        assert err.value.param == "seed"  # type: ignore[attr-defined]
+
+
+def test_library_errors_keep_their_field(client: openai.OpenAI) -> None:
+    """The 400's param is the library error's own ``param`` (no message parsing): a temperature
+    the request model lets through (>= 0) but the sampler refuses (below 1e-4)."""
+    with pytest.raises(openai.BadRequestError, match="greedy") as err:
+        client.completions.create(model="toy", prompt="AB", temperature=1e-6, max_tokens=2)
+    assert err.value.param == "temperature"  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(
+            model="toy", prompt="AB", max_tokens=2, extra_body={"tree": "dynamic:0"}
+        )
+    assert err.value.param == "tree"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["ersd", "sd"])
+def test_dynamic_tree_requests_equal_the_library(client: openai.OpenAI, method: str) -> None:
+    """``dynamic:K`` is served (batched with other rows) with the tokens ``ersd.generate``
+    gives alone."""
+    target, draft = _models()
+    tok = CharTokenizer()
+    extra = {"tree": "dynamic:4", "method": method}
+    with ThreadPoolExecutor(3) as pool:
+        futures = {
+            (p, sd): pool.submit(_text, client, p, seed=sd, max_tokens=12, extra_body=extra)
+            for p, sd in (("ABC", 1), ("CE", 2), ("BEAD", 3))
+        }
+        for (p, sd), fut in futures.items():
+            solo = ersd.generate(
+                target, draft, tok.encode(p), max_new_tokens=12, seed=sd, tree="dynamic:4",
+                method=method, eos_token_id=[EOS],
+            )  # fmt: skip
+            assert fut.result(timeout=60) == tok.decode(solo.tokens), (p, sd)
+
+
 def test_chat_uses_the_template(server: str, client: openai.OpenAI) -> None:
     msgs = [{"role": "user", "content": "BE"}]
     out = client.chat.completions.create(model="toy", messages=msgs, seed=3, max_tokens=8)

@@ -43,8 +43,8 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 import ersd  # noqa: E402
 from ersd.integrations.vllm import VllmIntegrationError, ersd_extra_args  # noqa: E402
-from ersd.integrations.vllm import patches as ersd_patches  # noqa: E402
 from ersd.probs import SamplingParams, logits_to_probs  # noqa: E402
+from tests.vllm_mutants import MUTANTS  # noqa: E402
 
 SEEDS = (0, 1, 2)
 NEW_TOKENS = 16
@@ -197,22 +197,25 @@ def _bins(tokens: list[int], probs: torch.Tensor) -> tuple[list[int], list[float
 
 
 @pytest.fixture
-def broken():
-    """Switch on one of the plugin's deliberately broken variants for a block."""
+def broken(monkeypatch: pytest.MonkeyPatch):
+    """Switch on one of the plugin's deliberately broken variants (tests/vllm_mutants.py) for a
+    block."""
 
     class _Switch:
-        def __call__(self, name: str | None):
-            ersd_patches.TEST_BREAK = name
+        def __call__(self, name: str):
+            self.name = name
             return self
 
         def __enter__(self):
+            module, attr, mutant = MUTANTS[self.name]
+            self.undo = monkeypatch.context()
+            self.undo.__enter__().setattr(module, attr, mutant)
             return self
 
         def __exit__(self, *exc):
-            ersd_patches.TEST_BREAK = None
+            self.undo.__exit__(*exc)
 
     yield _Switch()
-    ersd_patches.TEST_BREAK = None
 
 
 # --- 1. draft model (SmolLM2 drafting for itself, k = 3) -------------------------------------

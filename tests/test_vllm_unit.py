@@ -206,3 +206,26 @@ def test_verified_tokens_follow_greedy_verification() -> None:
     sampled = torch.full((3, 3), 123, dtype=torch.int32)
     _write_verified(sampled, layout, winners, rows, drafts)
     assert sampled.tolist() == [[5, 7, -1], [3, -1, -1], [8, 9, 4]]
+
+
+def test_row_keys_extend_by_the_drafts_and_the_mutants_differ() -> None:
+    """The plugin's named seams (tests/vllm_mutants.py replaces them in the vLLM tests): row j of
+    a request races the context plus its first j drafts; each mutant changes the result."""
+    from ersd.integrations.vllm.patches import draft_winners, row_keys
+    from ersd.integrations.vllm.rows import race_argmin
+    from tests.vllm_mutants import MUTANTS
+
+    k = root_key(3, [1, 2])
+    assert row_keys(k, [5, 6]) == [k, extend_key(k, 5), extend_key_many(k, [5, 6])]
+    assert MUTANTS["row_keys"][2](k, [5, 6]) != row_keys(k, [5, 6])
+    logits = torch.randn(32, 200, generator=torch.Generator().manual_seed(2)) * 2
+    p = parse_extra_args({"ersd_seed": 0})
+    assert p is not None
+    keys = [root_key(0, [r]) for r in range(32)]
+    assert torch.equal(draft_winners(logits, keys, [p] * 32), race_winners(logits, keys, [p] * 32))
+    assert not torch.equal(
+        MUTANTS["draft_noise"][2](logits, keys, [p] * 32), race_winners(logits, keys, [p] * 32)
+    )
+    probs = torch.softmax(logits.double(), dim=-1)
+    e = torch.stack([RaceNoise(200).exponentials(key) for key in keys])
+    assert not torch.equal(MUTANTS["gumbel_sign"][2](probs, e), race_argmin(probs, e))

@@ -6,9 +6,9 @@ import os
 import sys
 import time
 
-import tests.test_hf_adapter as tha
 import torch
 import transformers
+from tests.hf_tiny import MODELS, TREE_SPECS, run_random_session, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ersd
@@ -26,8 +26,6 @@ def plain_cuda(model, seq):
     with torch.no_grad():
         return model(input_ids=torch.tensor([seq], device=dev)).logits[0, -1].float()
 
-
-tha.plain_logits = plain_cuda
 
 # ---- race noise is device independent: same winners / rankings / ranks on CUDA and CPU ------
 
@@ -49,22 +47,22 @@ assert mism == 0
 
 # ---- exactness on CUDA -----------------------------------------------------------------------
 for name in ["llama-sdpa", "llama-eager", "qwen2-sdpa"]:
-    m = tha.MODELS[name]().to(dev)
+    m = MODELS[name]().to(dev)
     for mode in ["auto", "paths"]:
         worst = 0.0
         for seed in range(4):
             h = hf.from_pretrained_model(m, tree_attention=mode)
-            chk = tha.run_random_session(m, h, seed)
+            chk = run_random_session(m, h, seed, plain=plain_cuda)
             worst = max(worst, chk.worst)
         got = h.tree_attention
         print(f"cuda exactness {name:12s} {mode:6s} -> {got:6s} worst |diff| {worst:.2e}")
 
-target_m = tha.tiny_model("llama", 0).to(dev)
+target_m = tiny_model("llama", 0).to(dev)
 torch.manual_seed(0)
-draft_m = AutoModelForCausalLM.from_config(tha.tiny_config("llama", layers=1))
+draft_m = AutoModelForCausalLM.from_config(tiny_config("llama", layers=1))
 draft_m.load_state_dict(target_m.state_dict(), strict=False)
 target, draft = hf.from_pretrained_model(target_m), hf.from_pretrained_model(draft_m.to(dev).eval())
-for tree in tha.TREE_SPECS:
+for tree in TREE_SPECS:
     for seed in range(3):
         a = ersd.generate(target, None, [5, 17, 42], max_new_tokens=32, seed=seed)
         b = ersd.generate(target, draft, [5, 17, 42], max_new_tokens=32, seed=seed, tree=tree)

@@ -7,6 +7,7 @@ Public API::
     ersd.LanguageModel, ersd.ModelSession   # the backend protocol (docs/backends.md)
     ersd.TextModel, ersd.Tokenizer          # ... with tokenizer, EOS ids, compatibility check
     ersd.generate(target, draft, prompt, max_new_tokens=..., method="ersd", tree="chain:4", ...)
+    ersd.Request(prompt, max_new_tokens=...)  # one request, validated once (BatchEngine.add)
     ersd.GenerationResult                   # .tokens, .target_calls, .block_efficiency, ...
     ersd.METHODS                            # registry of verification methods
 
@@ -42,8 +43,10 @@ if TYPE_CHECKING:
     from ersd.models.function import FunctionModel
     from ersd.models.loading import load_model
     from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.request import Request
     from ersd.results import GenerationResult, StepRecord
-    from ersd.tree import AutoTree, TreeShape, parse_tree
+    from ersd.tree import AutoTree, TreeShape
+    from ersd.tree_spec import parse_tree
     from ersd.watermark import Detection, Watermark, load_watermark
 
 __version__ = "0.1.0"
@@ -69,11 +72,12 @@ _LAZY: dict[str, str] = {
     "Tokenizer": "ersd.models.base",
     "load_model": "ersd.models.loading",
     "SamplingParams": "ersd.probs",
+    "Request": "ersd.request",
     "logits_to_probs": "ersd.probs",
     "TreeShape": "ersd.tree",
     "AutoTree": "ersd.tree",
     "CostModel": "ersd.costs",
-    "parse_tree": "ersd.tree",
+    "parse_tree": "ersd.tree_spec",
     "Watermark": "ersd.watermark.settings",
     "load_watermark": "ersd.watermark.settings",
     "Detection": "ersd.watermark.detect",
@@ -111,6 +115,7 @@ __all__ = [
     "ModelDrafter",
     "ModelLoadError",
     "ModelSession",
+    "Request",
     "SamplingParams",
     "SamplingParamsError",
     "StepRecord",

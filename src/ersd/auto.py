@@ -20,7 +20,8 @@ and drafts the best one (ties go to no drafting, then to the earlier candidate).
   calibration file's costs, or, by default, a few timed forwards of 1, 2, 4 and 8 tokens per row
   of the target and the draft model, at batch 1 and at the powers of two around the current
   batch size (:func:`measured_costs`), measured once per model and batch size in fresh sessions
-  and cached on the model objects.
+  and kept in a :class:`CurveCache` owned by the caller (a batch engine shares one across its
+  rows; ``AutoTree(costs=cache)`` shares one across generations).
 
 The cost curves are corrected online from the run's own steps (:class:`StepTiming`): the ratio
 of each measured target and draft forward time to its prediction, and the time per row outside
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -77,9 +78,6 @@ EXPLORE_AFTER = 16
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
 #: conditions than the run would otherwise bias every later decision towards drafting
 EXPLORE_PLAIN_AFTER = 64
-_CACHE_ATTR = "_ersd_cost_curves"
-_FALLBACK_CACHE: dict[int, dict[Any, list[float]]] = {}
-_MEASUREMENTS = [0]  # cost measurements so far (a step during which one ran is not learned from)
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -181,13 +179,36 @@ class Choice:
         return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
 
 
-def _cache(model: Any) -> dict[Any, list[float]]:
-    """The cost-curve cache of ``model``: an attribute where the object allows one."""
-    attrs = getattr(model, "__dict__", None)
-    if isinstance(attrs, dict):
-        cache: dict[Any, list[float]] = attrs.setdefault(_CACHE_ATTR, {})
-        return cache
-    return _FALLBACK_CACHE.setdefault(id(model), {})
+class CurveCache:
+    """Measured forward-cost curves per model and batch size, owned by whoever shares them: a
+    batch engine (every row's chooser), a benchmark run or one CLI call (pass it as
+    ``AutoTree(costs=cache)``), else one chooser.  Nothing is stored on the models.
+
+    ``measurements`` counts the curves measured so far: a step during which one was measured is
+    not learned from (its time includes the measurement)."""
+
+    def __init__(self) -> None:
+        self._curves: list[tuple[Any, dict[Any, list[float]]]] = []  # (model, its curves)
+        self.measurements = 0
+
+    def _of(self, model: Any) -> dict[Any, list[float]]:
+        for m, curves in self._curves:
+            if m is model:
+                return curves
+        self._curves.append((model, {}))
+        return self._curves[-1][1]
+
+    def curve(self, model: Any, context: list[int], batch: int) -> list[float]:
+        """Forward seconds of ``model`` for :data:`ersd.costs.DEFAULT_SIZES` new tokens in each
+        of ``batch`` rows: measured once (fresh sessions of the context's last tokens)."""
+        curves = self._of(model)
+        key = (batch, DEFAULT_SIZES)
+        if key not in curves:
+            self.measurements += 1
+            curves[key] = measure_curve(
+                model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
+            )
+        return curves[key]
 
 
 def _measure_prompt(model: Any, context: list[int]) -> list[int]:
@@ -199,28 +220,17 @@ def _measure_prompt(model: Any, context: list[int]) -> list[int]:
     return context[-max(keep, 1) :]
 
 
-def model_curve(model: Any, context: list[int], batch: int) -> list[float]:
-    """Forward seconds of ``model`` for :data:`ersd.costs.DEFAULT_SIZES` new tokens in each of
-    ``batch`` rows: measured once (fresh sessions of the context's last tokens), then cached."""
-    cache = _cache(model)
-    key = (batch, DEFAULT_SIZES)
-    if key not in cache:
-        _MEASUREMENTS[0] += 1
-        cache[key] = measure_curve(
-            model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
-        )
-    return cache[key]
-
-
-def measured_costs(target: Any, draft: Any, context: list[int], batch: int) -> CostModel:
-    """A :class:`CostModel` measured at batch 1 and the powers of two around ``batch``
-    (``draft=None``: a model-free drafter, no draft cost)."""
+def measured_costs(
+    target: Any, draft: Any, context: list[int], batch: int, curves: CurveCache
+) -> CostModel:
+    """A :class:`CostModel` measured (into ``curves``) at batch 1 and the powers of two around
+    ``batch`` (``draft=None``: a model-free drafter, no draft cost)."""
     lo = 1 << math.floor(math.log2(batch))
     hi = 1 << math.ceil(math.log2(batch))
     sizes = sorted({1, lo, hi})
     zero = [0.0] * len(DEFAULT_SIZES)
-    tgt = [model_curve(target, context, b) for b in sizes]
-    drf = [model_curve(draft, context, b) if draft is not None else zero for b in sizes]
+    tgt = [curves.curve(target, context, b) for b in sizes]
+    drf = [curves.curve(draft, context, b) if draft is not None else zero for b in sizes]
     return CostModel(
         sizes=list(DEFAULT_SIZES),
         target=tgt[0],
@@ -232,19 +242,21 @@ def measured_costs(target: Any, draft: Any, context: list[int], batch: int) -> C
     )
 
 
-def prepare_costs(target: Any, draft: Any, context: list[int], max_batch: int) -> None:
-    """Measure (and cache) the cost curves ``tree="auto"`` uses for every batch size up to
-    ``max_batch``, so that no later generation pays for the measurement inside its own time
-    (benchmarks and servers call this before timing or serving)."""
+def prepare_costs(
+    target: Any, draft: Any, context: list[int], max_batch: int, curves: CurveCache
+) -> None:
+    """Measure into ``curves`` the cost curves ``tree="auto"`` uses for every batch size up to
+    ``max_batch``, so that no later generation given ``AutoTree(costs=curves)`` pays for the
+    measurement inside its own time (benchmarks call this before timing)."""
     sizes = {1}
     b = 1
     while b < max_batch:
         b *= 2
         sizes.add(b)
     for b in sorted(sizes):
-        model_curve(target, context, b)
+        curves.curve(target, context, b)
         if draft is not None:
-            model_curve(draft, context, b)
+            curves.curve(draft, context, b)
 
 
 @dataclass
@@ -267,6 +279,12 @@ class StepTiming:
         self.steps += 1
 
 
+def sharing(auto: AutoTree, curves: CurveCache) -> AutoTree:
+    """``auto`` measuring its cost curves into ``curves`` (unless it names its costs), so that
+    generations given it share one measurement (a benchmark's runs, a CLI call's warm-up)."""
+    return auto if auto.costs is not None else replace(auto, costs=curves)
+
+
 def draft_model_of(drafter: Any) -> Any:
     """The draft language model behind a drafter (a model drafter, a hybrid's model part), or
     None for a model-free drafter."""
@@ -281,7 +299,9 @@ def draft_model_of(drafter: Any) -> Any:
 
 class TreeChooser:
     """Chooses each step's tree for one sequence (module docstring); built from an
-    :class:`~ersd.tree.AutoTree` by :func:`ersd.generation.make_settings`."""
+    :class:`~ersd.tree.AutoTree` by :meth:`ersd.request.Request.resolve`.  ``curves``: where
+    measured cost curves are kept (a batch engine's; ``auto.costs`` when that is a
+    :class:`CurveCache`; else the chooser's own)."""
 
     def __init__(
         self,
@@ -291,6 +311,7 @@ class TreeChooser:
         method: Any,
         rule: Any,
         temperature: float | None,
+        curves: CurveCache | None = None,
     ) -> None:
         from ersd.methods.ersd import ERSD
 
@@ -300,6 +321,9 @@ class TreeChooser:
         self.draft_model = draft_model_of(drafter)
         self.ranked = isinstance(rule, ERSD)
         costs = auto.costs
+        if isinstance(costs, CurveCache):  # measured, into the cache the caller shares
+            curves, costs = costs, None
+        self.curves = curves if curves is not None else CurveCache()
         self.fixed_probs: list[Any] | None = None
         if auto.profile is not None:
             source = auto.profile
@@ -336,7 +360,7 @@ class TreeChooser:
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
         self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
-        self._epoch = _MEASUREMENTS[0]
+        self._epoch = self.curves.measurements
         self._plain_run = 0  # steps in a row without drafting
         self._spec_run = 0  # steps in a row with drafting
         self._plain_explored = False  # the early plain step was taken
@@ -373,7 +397,9 @@ class TreeChooser:
         if self.costs is not None:
             return self.costs
         if batch not in self._measured:
-            self._measured[batch] = measured_costs(self.target, self.draft_model, context, batch)
+            self._measured[batch] = measured_costs(
+                self.target, self.draft_model, context, batch, self.curves
+            )
         return self._measured[batch]
 
     def _forward_parts(self, costs: CostModel, shape: TreeShape, batch: int) -> tuple[float, float]:
@@ -476,8 +502,8 @@ class TreeChooser:
         cost what it costs, whatever this row chose; by default this row's own choice.
         Skipped: a step during which cost curves were measured, and one whose forwards included
         a prompt's prefill (``prefill``: a sequence's first step, a row joining the batch)."""
-        epoch, self._epoch = self._epoch, _MEASUREMENTS[0]
-        if self._chosen is None or epoch != _MEASUREMENTS[0] or batch < 1 or prefill:
+        epoch, self._epoch = self._epoch, self.curves.measurements
+        if self._chosen is None or epoch != self.curves.measurements or batch < 1 or prefill:
             return
         costs, shape, b = self._chosen
         if b != batch:
@@ -514,13 +540,14 @@ __all__ = [
     "PRIOR_WEIGHT",
     "TREE_SIZES",
     "Choice",
+    "CurveCache",
     "OnlineProfile",
     "StepTiming",
     "TreeChooser",
     "draft_model_of",
     "expected_tokens",
     "measured_costs",
-    "model_curve",
     "prepare_costs",
+    "sharing",
     "tunstall_order",
 ]

@@ -23,55 +23,78 @@ from typing import Any
 
 import torch
 
-from ersd.drafting import Drafter, ModelDrafter, ModelDraftSession, Proposal
+from ersd.auto import CurveCache
+from ersd.drafting import Drafter, ModelDrafter, Proposal
+from ersd.drafting.base import GrowingSession
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.generation import (
     SequenceState,
-    Settings,
     TreeSpec,
-    _validate,
     as_drafter,
-    make_noise,
-    make_settings,
-    sampling_params,
     settle,
     start_sequence,
     step_shape,
     target_call,
     verify,
 )
-from ersd.methods import DraftTree, Method, get_method
+from ersd.methods import DraftTree, Method
 from ersd.models.base import LanguageModel
 from ersd.models.batch import score_many
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise, _mix64
+from ersd.request import Request, Settings, check_target
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape
 from ersd.validation import check_seed
+from ersd.watermark.keyed import race_noise
 from ersd.watermark.settings import Watermark
 
 _MASK64 = (1 << 64) - 1
-_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool) of row_map
+
+
+class RowPool:
+    """Worker threads for the per-row work between a step's forwards, owned by one engine.
+
+    The per-row work (the race noise -- NumPy's Philox fills run without the GIL -- and the
+    probability, race and verification kernels of torch, one thread each for a single
+    distribution) then runs on every core instead of one.  ``workers`` defaults to torch's
+    intra-op thread count; 1 runs serially.  The threads start on first use and end with
+    :meth:`close`.
+    """
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool)
+
+    def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
+        """``list(map(fn, *columns))``, on the worker threads when there are several rows and
+        workers.  ``fn`` must touch only its own row's state: each result is then exactly what
+        the serial loop gives."""
+        n = torch.get_num_threads() if self.workers is None else self.workers
+        if min(len(c) for c in columns) < 2 or n < 2:
+            return list(map(fn, *columns))
+        if self._pool is None or self._pool[0] != n:
+            self.close()
+            self._pool = (n, ThreadPoolExecutor(n, thread_name_prefix="ersd-rows"))
+        return list(self._pool[1].map(fn, *columns))
+
+    def close(self) -> None:
+        """End the worker threads (a later :meth:`map` starts new ones)."""
+        if self._pool is not None:
+            self._pool[1].shutdown(wait=True)
+            self._pool = None
 
 
 def row_map(
     fn: Callable[..., Any], *columns: Sequence[Any], workers: int | None = None
 ) -> list[Any]:
-    """``list(map(fn, *columns))``, on worker threads when there are several rows and cores.
-
-    The per-row work between a step's forwards (the race noise -- NumPy's Philox fills run without
-    the GIL -- and the probability, race and verification kernels of torch, one thread each for a
-    single distribution) then runs on every core instead of one.  ``fn`` must touch only its own
-    row's state: each result is then exactly what the serial loop gives.  ``workers`` defaults to
-    torch's intra-op thread count; 1 runs serially.
-    """
-    global _POOL
-    n = torch.get_num_threads() if workers is None else workers
-    if min(len(c) for c in columns) < 2 or n < 2:
-        return list(map(fn, *columns))
-    if _POOL is None or _POOL[0] != n:
-        _POOL = (n, ThreadPoolExecutor(n, thread_name_prefix="ersd-rows"))
-    return list(_POOL[1].map(fn, *columns))
+    """``list(map(fn, *columns))`` on a :class:`RowPool` of ``workers`` threads made for this
+    call (an engine keeps its own pool across steps)."""
+    pool = RowPool(workers)
+    try:
+        return pool.map(fn, *columns)
+    finally:
+        pool.close()
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -114,12 +137,10 @@ class Row:
     started: float = field(default_factory=time.perf_counter)
 
     def result(self, label: str | None = None) -> GenerationResult:
-        chooser = self.settings.chooser
-        shape = self.settings.shape if chooser is None else chooser.auto
         return GenerationResult.from_steps(
             self.records,
             method=label or self.settings.method.name,
-            tree=shape if shape is not None and self.seq.drafter is not None else None,
+            tree=self.settings.label,
             wall_time=time.perf_counter() - self.started,
         )
 
@@ -154,22 +175,40 @@ class BatchEngine:
     """
 
     def __init__(self, target: LanguageModel, draft: Drafter | LanguageModel | None = None) -> None:
-        if not isinstance(target, LanguageModel):
-            raise GenerationInputError(
-                "target must be a model with .vocab_size and .start(prompt), got "
-                f"{type(target).__name__}"
-            )
+        check_target(target)
         self.target = target
         self.drafter = as_drafter(draft)
         self.noise = RaceNoise(target.vocab_size, cache_size=512)
+        self._watermark_noise: dict[Watermark, RaceNoise] = {}  # one noise per watermark
         self._rows: dict[int, Row] = {}
         self._ids = itertools.count()
         self.last_step = StepTimes()
         self._widest: TreeShape | None = None  # the largest tree of the current step
         self._choosers: dict[tuple[Any, ...], Any] = {}  # tree="auto": one chooser per group
-        self._watermark_noise: dict[Watermark, RaceNoise] = {}  # one noise per watermark
-        #: threads for the rows' work between forwards (:func:`row_map`; None: torch's count)
-        self.workers: int | None = None
+        self.curves = CurveCache()  # tree="auto": the cost curves its choosers measure
+        #: threads for the rows' work between forwards (None: torch's intra-op thread count)
+        self.rows = RowPool()
+
+    @property
+    def workers(self) -> int | None:
+        """Threads for the rows' work between forwards (:class:`RowPool`; None: torch's)."""
+        return self.rows.workers
+
+    @workers.setter
+    def workers(self, n: int | None) -> None:
+        self.rows.workers = n
+
+    def close(self) -> None:
+        """Drop every request and end the engine's worker threads."""
+        for rid in list(self._rows):
+            self.cancel(rid)
+        self.rows.close()
+
+    def __enter__(self) -> BatchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -178,52 +217,28 @@ class BatchEngine:
     def active(self) -> list[int]:
         return list(self._rows)
 
-    def add(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_new_tokens: int,
-        seed: int = 0,
-        method: str | Method = "ersd",
-        tree: TreeSpec | None = "chain:4",
-        sampling: SamplingParams | None = None,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        watermark: Watermark | None = None,
-    ) -> int:
-        """Queue a request; it joins at the next :meth:`step`.  Returns its id."""
-        drafter = self.drafter if tree is not None else None
-        _validate(self.target, drafter, prompt, max_new_tokens, eos_token_id, seed)
+    def add(self, request: Request | Sequence[int], **keywords: Any) -> int:
+        """Queue a :class:`~ersd.request.Request`; it joins at the next :meth:`step`.  Returns
+        its id.  ``add(prompt, max_new_tokens=..., ...)`` builds the request from the keywords
+        of :meth:`Request.of` (``tree=None``: no drafting for it)."""
+        if not isinstance(request, Request):
+            request = Request.of(request, **keywords)
+        elif keywords:
+            raise GenerationInputError(
+                f"give add() a Request or a prompt with keywords, not both (got {sorted(keywords)})"
+            )
         noise = self.noise
-        if watermark is not None:
-            noise = self._watermark_noise.get(watermark)  # type: ignore[assignment]
-            if noise is None:
-                noise = make_noise(self.target.vocab_size, watermark, cache_size=512)
-                self._watermark_noise[watermark] = noise
-        settings = make_settings(
-            self.target,
-            drafter,
-            method=method,
-            tree=tree if tree is not None else "chain:1",
-            params=sampling_params(sampling, temperature, top_k, top_p, min_p),
-            eos_token_id=eos_token_id,
-            noise=noise,
-            watermark=watermark,
-        )
+        if request.watermark is not None:
+            noise = self._watermark_noise.get(
+                request.watermark
+            ) or self._watermark_noise.setdefault(
+                request.watermark, race_noise(self.target.vocab_size, request.watermark, 512)
+            )
+        settings = request.resolve(self.target, self.drafter, noise=noise, curves=self.curves)
         if settings.chooser is not None:  # tree="auto": one chooser per group of like rows
             settings = replace(settings, chooser=self._shared_chooser(settings))
-        seq = start_sequence(
-            self.target,
-            drafter,
-            prompt,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
-            watermark=settings.watermark,
-        )
-        _expect_lengths(seq, len(prompt) + max_new_tokens + _tree_slack(settings))
+        seq = start_sequence(self.target, request, settings)
+        _expect_lengths(seq, len(request.prompt) + request.max_new_tokens + _tree_slack(settings))
         rid = next(self._ids)
         self._rows[rid] = Row(rid, settings, seq)
         return rid
@@ -280,12 +295,8 @@ class BatchEngine:
         logits = score_many(self.target, [r.seq.target for r in rows], calls)
         target_time = time.perf_counter() - t0
         scored = [lg[: 1 + p.tree.num_nodes] for p, lg in zip(proposals, logits, strict=True)]
-        verdicts = row_map(
-            verify,
-            [r.settings for r in rows],
-            [p.tree for p in proposals],
-            scored,
-            workers=self.workers,
+        verdicts = self.rows.map(
+            verify, [r.settings for r in rows], [p.tree for p in proposals], scored
         )
         out: list[tuple[int, StepRecord, GenerationResult | None]] = []
         for row, prop, depth, lg, verdict in zip(
@@ -329,6 +340,8 @@ class BatchEngine:
         proposals: list[Proposal | None] = [None] * len(rows)
         depths = [0] * len(rows)
         growing: dict[int, Generator[Any, torch.Tensor, DraftTree]] = {}
+        sessions: dict[int, GrowingSession] = {}  # the growing rows' draft sessions
+        model = self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
         decided: dict[int, TreeShape | None] = {}  # tree="auto": one decision per chooser
         for i, row in enumerate(rows):
             chooser = row.settings.chooser
@@ -349,29 +362,28 @@ class BatchEngine:
             ):
                 self._widest = shape  # the step's largest tree: what its forwards cost
             s = row.settings
-            if isinstance(drafter, ModelDraftSession) and isinstance(self.drafter, ModelDrafter):
+            if model is not None and isinstance(drafter, GrowingSession):
+                sessions[i] = drafter
                 growing[i] = drafter.grow(shape, row.seq.key, s.rule, s.params, s.noise)
             else:
                 proposals[i] = drafter.propose(shape, row.seq.key, s.rule, s.params, s.noise)
         if growing:
-            model = self.drafter.model  # type: ignore[union-attr]
+            assert model is not None
             pending = {i: next(g) for i, g in growing.items()}
             forwards = dict.fromkeys(growing, 0)
             # sessions that share state across rows (a dynamic drafter's predictor and counters)
             # draft one row at a time; plain model drafting works on the rows side by side
-            side_by_side = all(
-                rows[i].seq.drafter.parallel_grow  # type: ignore[union-attr]
-                for i in growing
-            )
+            side_by_side = all(sessions[i].parallel_grow for i in growing)
             while pending:
                 idx = list(pending)
-                sessions = [rows[i].seq.drafter.session for i in idx]  # type: ignore[union-attr]
-                outs = score_many(model, sessions, [pending[i] for i in idx])
-                sent = row_map(
-                    _resume,
-                    [growing[i] for i in idx],
-                    outs,
-                    workers=self.workers if side_by_side else 1,
+                outs = score_many(
+                    model, [sessions[i].session for i in idx], [pending[i] for i in idx]
+                )
+                columns = ([growing[i] for i in idx], outs)
+                sent = (
+                    self.rows.map(_resume, *columns)
+                    if side_by_side
+                    else list(map(_resume, *columns))
                 )
                 for i, (call, tree) in zip(idx, sent, strict=True):
                     forwards[i] += 1
@@ -381,11 +393,12 @@ class BatchEngine:
                         proposals[i] = Proposal(tree, forwards=forwards[i])
                         del pending[i]
         draft_time = time.perf_counter() - t0
-        for p in proposals:
-            assert p is not None
+        done = [p for p in proposals if p is not None]
+        assert len(done) == len(rows)
+        for p in done:
             if p.forwards:
                 p.seconds = draft_time  # the shared forwards' time, as each row saw it
-        return proposals, depths, draft_time  # type: ignore[return-value]
+        return done, depths, draft_time
 
 
 def _sessions(seq: SequenceState) -> tuple[Any, Any]:
@@ -401,6 +414,8 @@ def _tree_slack(settings: Settings) -> int:
         nodes = int(settings.chooser.auto.max_nodes)
     else:
         nodes = shape.num_nodes if shape is not None else 0
+    # a dynamic tree may be wider than its envelope chain: up to its budget of nodes
+    nodes = max(nodes, int(getattr(settings.drafter, "budget", 0)))
     return nodes + settings.min_forward_tokens
 
 
@@ -444,8 +459,24 @@ def generate_batch_stream(
     watermark: Watermark | None = None,
 ) -> Iterator[tuple[int, StepRecord]]:
     """Like :func:`generate_batch`, yielding ``(prompt index, record)`` per row per step."""
-    args = dict(locals())
-    for index, rec, _ in _run_batch(**args):
+    drafter = as_drafter(draft)
+    requests = batch_requests(
+        target,
+        drafter,
+        prompts,
+        batch_seeds(seeds, _count(prompts)),
+        max_new_tokens=max_new_tokens,
+        method=method,
+        tree=tree if drafter is not None else None,
+        sampling=sampling,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        eos_token_id=eos_token_id,
+        watermark=watermark,
+    )
+    for index, rec, _ in run_requests(target, drafter, requests, max_batch_size):
         yield index, rec
 
 
@@ -470,72 +501,89 @@ def generate_batch(
     """Generate for many prompts at once; one :class:`GenerationResult` per prompt, in order.
 
     Each prompt's tokens equal ``ersd.generate(target, draft, prompt, seed=seed_i, ...)`` with the
-    same settings (see the module docstring for ``seeds``).  ``max_batch_size`` caps the rows run
-    together; further prompts join as rows finish (continuous batching).  Every input is checked
-    before anything runs.
+    same settings (see the module docstring for ``seeds``), for every tree kind (``dynamic:K``
+    and ``auto`` included).  ``max_batch_size`` caps the rows run together; further prompts join
+    as rows finish (continuous batching).  Every input is checked before anything runs.
     """
-    args = dict(locals())
+    drafter = as_drafter(draft)
+    requests = batch_requests(
+        target,
+        drafter,
+        prompts,
+        batch_seeds(seeds, _count(prompts)),
+        max_new_tokens=max_new_tokens,
+        method=method,
+        tree=tree if drafter is not None else None,
+        sampling=sampling,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        eos_token_id=eos_token_id,
+        watermark=watermark,
+    )
     results: dict[int, GenerationResult] = {}
-    for index, _, res in _run_batch(**args):
+    for index, _, res in run_requests(target, drafter, requests, max_batch_size):
         if res is not None:
             results[index] = res
     return [results[i] for i in range(len(results))]
 
 
-def _run_batch(
-    target: LanguageModel,
-    draft: Drafter | LanguageModel | None,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    seeds: int | Sequence[int] | None,
-    method: str | Method,
-    tree: TreeSpec,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    eos_token_id: int | Sequence[int] | None,
-    sampling: SamplingParams | None,
-    max_batch_size: int | None,
-    watermark: Watermark | None,
-) -> Iterator[tuple[int, StepRecord, GenerationResult | None]]:
+def _count(prompts: Sequence[Sequence[int]]) -> int:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise GenerationInputError(
-            "prompts must be a non-empty list of token-id lists (one per prompt)"
+            "prompts must be a non-empty list of token-id lists (one per prompt)", param="prompt"
         )
+    return len(prompts)
+
+
+def batch_requests(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    **fields: Any,
+) -> list[Request]:
+    """One :class:`Request` per prompt (the keywords of :meth:`Request.of`, parsed once), every
+    one checked against the models before anything runs."""
+    requests: list[Request] = []
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
+        try:
+            req = (
+                Request.of(prompt, seed=seed, **fields)
+                if not requests
+                else replace(requests[0], prompt=prompt, seed=seed)
+            )
+            req.check_models(target, drafter if req.tree is not None else None)
+        except ErsdError as exc:
+            raise type(exc)(f"prompt {i}: {exc}", param=exc.param) from None
+        requests.append(req)
+    return requests
+
+
+def run_requests(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    requests: Sequence[Request],
+    max_batch_size: int | None = None,
+) -> Iterator[tuple[int, StepRecord, GenerationResult | None]]:
+    """Run ``requests`` on one engine, at most ``max_batch_size`` rows at a time; yields
+    ``(request index, record, result when finished)``."""
     if max_batch_size is not None and (
         isinstance(max_batch_size, bool)
         or not isinstance(max_batch_size, int)
         or max_batch_size < 1
     ):
-        raise GenerationInputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
-    per_seed = batch_seeds(seeds, len(prompts))
-    drafter = as_drafter(draft)
-    params = sampling_params(sampling, temperature, top_k, top_p, min_p)
-    for i, prompt in enumerate(prompts):  # everything is checked before anything runs
-        try:
-            _validate(target, drafter, prompt, max_new_tokens, eos_token_id, per_seed[i])
-        except ErsdError as exc:
-            raise type(exc)(f"prompt {i}: {exc}") from None
-    get_method(method)
-    engine = BatchEngine(target, drafter)
-    cap = max_batch_size or len(prompts)
-    waiting = list(range(len(prompts)))
-    index_of: dict[int, int] = {}
-    while waiting or len(engine):
-        while waiting and len(engine) < cap:
-            i = waiting.pop(0)
-            rid = engine.add(
-                prompts[i],
-                max_new_tokens=max_new_tokens,
-                seed=per_seed[i],
-                method=method,
-                tree=tree if drafter is not None else None,
-                sampling=params,
-                eos_token_id=eos_token_id,
-                watermark=watermark,
-            )
-            index_of[rid] = i
-        for rid, rec, res in engine.step():
-            yield index_of[rid], rec, res
+        raise GenerationInputError(
+            f"max_batch_size must be an int >= 1, got {max_batch_size!r}", param="max_batch_size"
+        )
+    with BatchEngine(target, drafter) as engine:
+        cap = max_batch_size or len(requests)
+        waiting = list(range(len(requests)))
+        index_of: dict[int, int] = {}
+        while waiting or len(engine):
+            while waiting and len(engine) < cap:
+                i = waiting.pop(0)
+                index_of[engine.add(requests[i])] = i
+            for rid, rec, res in engine.step():
+                yield index_of[rid], rec, res

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 
 class ErsdError(ValueError):
-    """Base class of every error ersd raises on bad input."""
+    """Base class of every error ersd raises on bad input.
+
+    ``param``: the name of the offending request field (``seed``, ``temperature``, ``tree``, ...)
+    where one is to blame, else ``None``; a server maps it to its error's ``param`` without
+    reading the message.
+    """
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
 
 
 class InvalidTreeSpecError(ErsdError):

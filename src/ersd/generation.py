@@ -24,44 +24,19 @@ from typing import Any
 import torch
 
 from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
-from ersd.drafting.dynamic import dynamic_tree, tree_label
-from ersd.errors import GenerationInputError, VocabularyMismatchError, WatermarkError
-from ersd.methods import DraftTree, Method, TreeVerification, get_method, rule_for, verify_tree
+from ersd.errors import GenerationInputError
+from ersd.methods import DraftTree, Method, TreeVerification, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
-from ersd.race import RaceNoise, extend_key_many, root_key
+from ersd.race import extend_key_many
+from ersd.request import Request, Settings
 from ersd.results import GenerationResult, StepRecord
-from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
-from ersd.validation import (
-    check_eos_ids,
-    check_max_new_tokens,
-    check_seed,
-    check_token_ids,
-)
-from ersd.watermark.keyed import WatermarkKey, WatermarkNoise
-from ersd.watermark.settings import Watermark, check_watermark
+from ersd.tree import TreeShape
+from ersd.tree_spec import TreeArg
+from ersd.watermark.settings import Watermark
 
-TreeSpec = str | TreeShape | AutoTree | Sequence[Sequence[int]]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What every sequence of one generation shares: the rule, the tree, sampling, noise."""
-
-    method: Method  # the verification method asked for
-    rule: Method  # the rule that verifies: ``method``, or GREEDY at temperature 0
-    shape: TreeShape | None  # None: nothing is drafted
-    params: SamplingParams
-    noise: RaceNoise
-    eos: frozenset[int]
-    #: feed at least this many tokens per target forward (padding nodes are scored and dropped)
-    min_forward_tokens: int = 1
-    #: ``tree="auto"``: the :class:`ersd.auto.TreeChooser` picking each step's shape (then
-    #: ``shape`` is None); one per sequence, which learns from the sequence's own steps — in a
-    #: batch, one per group of rows with the same settings, deciding once per step for all
-    chooser: Any = None
-    #: the secret-keyed race (:mod:`ersd.watermark`); ``noise`` is then its WatermarkNoise
-    watermark: Watermark | None = None
+#: what ``tree=`` may be (kept for callers of the old name)
+TreeSpec = TreeArg
 
 
 @dataclass
@@ -256,120 +231,24 @@ def as_drafter(draft: Drafter | LanguageModel | None) -> Drafter | None:
     )
 
 
-def make_settings(
-    target: LanguageModel,
-    drafter: Drafter | None,
-    *,
-    method: str | Method,
-    tree: TreeSpec,
-    params: SamplingParams,
-    eos_token_id: int | Sequence[int] | None,
-    min_forward_tokens: int = 1,
-    noise: RaceNoise | None = None,
-    watermark: Watermark | None = None,
-) -> Settings:
-    """Validate the shared settings of a generation and resolve method, rule and tree once.
-
-    With a ``watermark``, ``noise`` (if given) must be a WatermarkNoise of that watermark."""
-    meth = get_method(method)
-    watermark = check_watermark_use(watermark, meth, drafter, params)
-    auto = parse_auto(tree) if drafter is not None else None
-    chooser = None
-    if auto is not None:
-        from ersd.auto import TreeChooser
-
-        rule = rule_for(meth, params)
-        chooser = TreeChooser(auto, target, drafter, meth, rule, params.temperature)
-    shape = (
-        parse_tree(tree, temperature=params.temperature)
-        if drafter is not None and auto is None
-        else None
-    )
-    if shape is not None:
-        meth.check_shape(shape)
-    return Settings(
-        method=meth,
-        rule=rule_for(meth, params),
-        shape=shape,
-        params=params,
-        noise=noise if noise is not None else make_noise(target.vocab_size, watermark),
-        eos=_eos_set(eos_token_id),
-        min_forward_tokens=min_forward_tokens,
-        chooser=chooser,
-        watermark=watermark,
-    )
-
-
-def make_noise(vocab_size: int, watermark: Watermark | None, cache_size: int = 64) -> RaceNoise:
-    """The race noise of a generation: keyed by the watermark's secret when there is one."""
-    if watermark is None:
-        return RaceNoise(vocab_size, cache_size)
-    return WatermarkNoise(vocab_size, watermark, cache_size)
-
-
-def check_watermark_use(
-    watermark: Any, method: Method, drafter: Drafter | None, params: SamplingParams
-) -> Watermark | None:
-    """The watermark if it can mark this generation's every token, else a WatermarkError."""
-    wm = check_watermark(watermark)
-    if wm is None:
-        return None
-    if params.greedy:
-        raise WatermarkError(
-            "a watermark needs sampling: at temperature 0 the text is the target's argmax and "
-            "carries no mark; use a temperature > 0 (e.g. 0.7 or 1)"
-        )
-    info = method.info
-    if drafter is not None and (info is None or not info.race_output):
-        raise WatermarkError(
-            f"method {method.name!r} emits draft samples and corrections that are not the "
-            "target's keyed race winner, so its text would be only partly marked; watermark "
-            "with method='ersd' (every token is the keyed race's winner) or without a draft"
-        )
-    return wm
-
-
-def start_sequence(
-    target: LanguageModel,
-    drafter: Drafter | None,
-    prompt: Sequence[int],
-    *,
-    seed: int,
-    max_new_tokens: int,
-    watermark: Watermark | None = None,
-) -> SequenceState:
-    """Open the target session and the drafter's session of one prompt."""
-    ids = [int(t) for t in prompt]
-    key = root_key(seed, ids)
+def start_sequence(target: LanguageModel, request: Request, settings: Settings) -> SequenceState:
+    """Open the target session and the drafter's session of ``request``'s prompt."""
+    ids = list(request.prompt)
+    drafter = settings.drafter
     return SequenceState(
         target=target.start(ids),
         drafter=drafter.start_drafting(ids) if drafter is not None else None,
-        key=WatermarkKey.root(key, watermark, seed) if watermark is not None else key,
-        max_new_tokens=max_new_tokens,
+        key=request.root_key(),
+        max_new_tokens=request.max_new_tokens,
         max_length=getattr(target, "max_length", None),
     )
 
 
-def sampling_params(
-    params: SamplingParams | None,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-) -> SamplingParams:
-    """``params`` if given (then the keyword settings must be left at their defaults)."""
-    if params is None:
-        return SamplingParams(temperature, top_k, top_p, min_p)
-    if not isinstance(params, SamplingParams):
-        raise GenerationInputError(
-            f"sampling must be an ersd.SamplingParams, got {type(params).__name__}"
-        )
-    if (temperature, top_k, top_p, min_p) != (1.0, None, None, None):
-        raise GenerationInputError(
-            "give the sampling settings either as sampling=SamplingParams(...) or as keyword "
-            "arguments (temperature=, top_k=, top_p=, min_p=), not both"
-        )
-    return params
+def run(target: LanguageModel, request: Request, settings: Settings) -> Iterator[StepRecord]:
+    """Generate ``request`` with its resolved ``settings``: one record per target call."""
+    seq = start_sequence(target, request, settings)
+    while seq.finish_reason is None:
+        yield step(settings, seq)
 
 
 # --- public API ------------------------------------------------------------------------------
@@ -395,29 +274,22 @@ def generate_stream(
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
-    drafter, tree = dynamic_tree(tree, drafter, method)  # "dynamic:K": a DynamicDrafter
-    _validate(target, drafter, prompt, max_new_tokens, eos_token_id, seed)
-    params = sampling_params(sampling, temperature, top_k, top_p, min_p)
-    settings = make_settings(
-        target,
-        drafter,
+    request = Request.of(
+        prompt,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
         method=method,
-        tree=tree,
-        params=params,
+        tree=tree if drafter is not None else None,
+        sampling=sampling,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         eos_token_id=eos_token_id,
         min_forward_tokens=min_forward_tokens,
         watermark=watermark,
     )
-    seq = start_sequence(
-        target,
-        drafter,
-        prompt,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        watermark=settings.watermark,
-    )
-    while seq.finish_reason is None:
-        yield step(settings, seq)
+    yield from run(target, request, request.resolve(target, drafter))
 
 
 def generate(
@@ -443,9 +315,10 @@ def generate(
 
     With a ``draft`` (a :class:`~ersd.drafting.Drafter`, or a draft model which is wrapped in a
     :class:`~ersd.drafting.ModelDrafter`), speculative sampling with ``method`` over draft trees
-    of shape ``tree`` (see :mod:`ersd.tree`; ``tree="auto"`` or an :class:`ersd.AutoTree` picks
-    each step's tree, or no drafting, for the highest predicted tokens per second:
-    :mod:`ersd.auto`); with ``draft=None``, plain autoregressive sampling
+    of shape ``tree`` (see :mod:`ersd.tree_spec`; ``tree="auto"`` or an :class:`ersd.AutoTree`
+    picks each step's tree, or no drafting, for the highest predicted tokens per second:
+    :mod:`ersd.auto`; ``dynamic:K`` grows each step's tree: :mod:`ersd.drafting.dynamic`); with
+    ``draft=None``, plain autoregressive sampling
     from the target with the same sampler and keyed races (one target call per token).
     Temperature 0 is greedy.  Sampling settings come as keywords or as one ``sampling=``
     :class:`~ersd.SamplingParams`.  Generation stops at EOS, after ``max_new_tokens`` or at the
@@ -453,83 +326,33 @@ def generate(
     ``min_forward_tokens`` pads every target forward to that many fed tokens (throw-away nodes;
     the tokens are unchanged), ``label`` names the result (default: the method's name).
     ``watermark`` (an :class:`ersd.Watermark`) keys every race by a secret key and the last
-    ``h`` generated tokens instead of the seed alone: every emitted token carries the mark that
-    :func:`ersd.watermark.detect` finds, the text keeps the target's exact distribution over
-    keys, and ERSD keeps its acceptance and its drafter invariance (:mod:`ersd.watermark`).
+    ``h`` generated tokens: every emitted token carries the mark :func:`ersd.watermark.detect`
+    finds, the text keeps the target's exact law over keys, and ERSD keeps its acceptance and
+    its drafter invariance (:mod:`ersd.watermark`, docs/watermark.md).
+    The keywords make one :class:`ersd.request.Request`, checked before anything runs.
     """
     t0 = time.perf_counter()
-    steps = list(
-        generate_stream(
-            target,
-            draft,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            method=method,
-            tree=tree,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            eos_token_id=eos_token_id,
-            sampling=sampling,
-            min_forward_tokens=min_forward_tokens,
-            watermark=watermark,
-        )
+    drafter = as_drafter(draft)
+    request = Request.of(
+        prompt,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        method=method,
+        tree=tree if drafter is not None else None,
+        sampling=sampling,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        eos_token_id=eos_token_id,
+        min_forward_tokens=min_forward_tokens,
+        watermark=watermark,
     )
+    settings = request.resolve(target, drafter)
+    steps = list(run(target, request, settings))
     return GenerationResult.from_steps(
         steps,
-        method=label or get_method(method).name,
-        tree=tree_label(tree, draft) if draft is not None else None,
+        method=label or settings.method.name,
+        tree=settings.label,
         wall_time=time.perf_counter() - t0,
     )
-
-
-# --- input checks ----------------------------------------------------------------------------
-
-
-def _check_model(model: Any, role: str) -> None:
-    if not isinstance(model, LanguageModel):
-        raise GenerationInputError(
-            f"{role} must be a model with .vocab_size, .max_length and .start(prompt) (an "
-            f"ersd.LanguageModel, e.g. ersd.FunctionModel or ersd.load_model(...)), got "
-            f"{type(model).__name__}"
-        )
-
-
-def _validate(
-    target: LanguageModel,
-    draft: Drafter | None,
-    prompt: Sequence[int],
-    max_new_tokens: int,
-    eos_token_id: int | Sequence[int] | None,
-    seed: Any = 0,
-) -> list[int]:
-    """Check every input before anything runs (:mod:`ersd.validation`); the prompt's ids."""
-    _check_model(target, "target")
-    if draft is not None and draft.vocab_size is not None and draft.vocab_size != target.vocab_size:
-        raise VocabularyMismatchError(
-            f"draft vocabulary has {draft.vocab_size} entries but the target's has "
-            f"{target.vocab_size}; draft and target must share one tokenizer and vocabulary "
-            "(pick a draft from the target's model family)"
-        )
-    ids = check_token_ids(prompt, target.vocab_size)
-    check_max_new_tokens(max_new_tokens)
-    check_eos_ids(eos_token_id, target.vocab_size)
-    check_seed(seed)
-    window = target.max_length
-    if window is not None and len(ids) >= window:
-        raise GenerationInputError(
-            f"prompt has {len(ids)} tokens but the target's context window is {window} "
-            "tokens, which leaves no room to generate; shorten the prompt"
-        )
-    return ids
-
-
-def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
-    """The EOS ids as a set (validated by :func:`ersd.validation.check_eos_ids`)."""
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(e) for e in eos_token_id)

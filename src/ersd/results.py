@@ -128,9 +128,10 @@ class GenerationResult:
         """Collect the records of a generation loop into a result.
 
         ``method`` is a label: a method name or object (its ``.name``), or a baseline's own name;
-        ``tree`` a tree spec or shape (stored as its canonical spec) or ``None`` when nothing was
-        drafted.  The finish reason is the last record's; records without one (older producers)
-        fall back to "eos" if the last token is in ``eos_token_id`` and "length" otherwise.
+        ``tree`` a parsed tree, shape or auto tree (stored as its label), a label string, or
+        ``None`` when nothing was drafted.  The finish reason is the last record's; records
+        without one (older producers) fall back to "eos" if the last token is in
+        ``eos_token_id`` and "length" otherwise.
         """
         tokens = [t for s in steps for t in s.tokens]
         reason = steps[-1].finish_reason if steps else None
@@ -225,12 +226,8 @@ class GenerationResult:
 
 
 def _tree_spec(tree: Any) -> str | None:
-    """Canonical spec of a tree label; dynamic specs (``dynamic:K``) are kept as written."""
+    """The label of a tree: a parsed tree's ``label``, a shape's or auto tree's canonical
+    ``spec``, a string as written (never parsed again here)."""
     if tree is None:
         return None
-    if isinstance(tree, str) and tree.strip().lower().startswith("dynamic"):
-        return tree.strip()
-    from ersd.tree import parse_auto, parse_tree
-
-    auto = parse_auto(tree)
-    return auto.spec if auto is not None else parse_tree(tree).spec
+    return str(getattr(tree, "label", None) or getattr(tree, "spec", tree))

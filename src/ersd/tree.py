@@ -18,8 +18,9 @@ Spec strings (:func:`parse_tree`):
   i.i.d.-rank model with a measured (per-depth) rank profile: Tunstall coding,
   :func:`ersd.theory.optimal_tree_by_depth`.  The profile comes from ``@FILE`` (a rank profile or
   a calibration file of ``ersd bench calibrate``, read by :func:`ersd.theory.load_profiles`) or
-  from the ``profile=`` argument of :func:`parse_tree`; ``temperature=`` picks a calibration
-  file's profile (nearest temperature).  :mod:`ersd.theory` is imported only for this kind.
+  from the ``profile=`` argument; ``temperature=`` picks a calibration file's profile (nearest
+  temperature).  It is resolved above :mod:`ersd.theory`, by :func:`ersd.tree_spec.parse_tree`
+  (``ersd.parse_tree``); this module never imports the theory.
 * ``auto[@FILE]`` — not one shape but a rule: every step, the tree (or no drafting) with the
   highest predicted throughput at the current batch size, from a rank profile (``@FILE``, else
   estimated online) and forward-cost curves (:mod:`ersd.auto`, ``docs/auto-tree.md``).
@@ -182,19 +183,10 @@ class TreeShape:
         return self.spec
 
 
-def parse_tree(
-    spec: str | TreeShape | AutoTree | Sequence[Sequence[int]],
-    *,
-    profile: Any = None,
-    temperature: float | None = None,
-) -> TreeShape:
-    """Parse a tree spec string (see module docstring), a path list or a :class:`TreeShape`.
-
-    ``profile`` (for ``optimal:K`` without ``@FILE``): a :class:`ersd.theory.RankProfile`, a rank
-    vector, a list of per-depth rank vectors, or a profile / calibration file path.
-    ``temperature`` picks the profile of a calibration file (nearest calibrated temperature; None:
-    the lowest).
-    """
+def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> TreeShape:
+    """Parse a fixed-shape spec string (see module docstring), a path list or a
+    :class:`TreeShape`; ``optimal:K[@FILE]`` needs a rank profile and is resolved one layer up,
+    by :func:`ersd.parse_tree` (:mod:`ersd.tree_spec`)."""
     if isinstance(spec, TreeShape):
         return spec
     if isinstance(spec, AutoTree):
@@ -242,7 +234,10 @@ def parse_tree(
             )
         return TreeShape.from_paths(paths)
     if kind == "optimal":
-        return _optimal(spec, arg, profile, temperature)
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r} needs a rank profile: parse it with ersd.parse_tree "
+            "(ersd.tree_spec), which resolves 'optimal:K[@FILE]'"
+        )
     if kind == "auto":
         raise InvalidTreeSpecError(
             f"tree spec {spec!r} chooses a tree per step, it is not one fixed shape: pass it as "
@@ -250,30 +245,6 @@ def parse_tree(
             "ersd.tree.parse_auto"
         )
     raise InvalidTreeSpecError(f"unknown tree kind {kind!r} in {spec!r}; {_EXAMPLES}")
-
-
-def _optimal(spec: str, arg: str, profile: Any, temperature: float | None) -> TreeShape:
-    m = re.fullmatch(r"([1-9][0-9]*)\s*(?:@\s*(.+?)\s*)?", arg)
-    if not m:
-        raise InvalidTreeSpecError(
-            f"tree spec {spec!r}: 'optimal:' takes a node count and optionally a profile file, "
-            "e.g. 'optimal:8' or 'optimal:8@profile.json'"
-        )
-    k, source = int(m.group(1)), m.group(2)
-    prof = source if source else profile
-    if prof is None:
-        raise InvalidTreeSpecError(
-            f"tree spec {spec!r} needs a rank profile: write 'optimal:{k}@FILE' with a file from "
-            "`ersd bench calibrate CONFIG --out FILE`, or pass profile="
-        )
-    from ersd.theory.profile import RankProfileError, tree_depth_probs
-    from ersd.theory.trees import optimal_tree_by_depth
-
-    try:
-        probs = tree_depth_probs(prof, temperature)
-    except RankProfileError as exc:
-        raise InvalidTreeSpecError(f"tree spec {spec!r}: {exc}") from None
-    return TreeShape.from_paths(optimal_tree_by_depth(probs, k))
 
 
 @dataclass(frozen=True)
@@ -284,8 +255,10 @@ class AutoTree:
     ``optimal:K@FILE``), a :class:`ersd.theory.RankProfile`, or per-depth rank vectors; ``None``
     estimates it online from the run's own verified steps.  ``costs``: an
     :class:`ersd.costs.CostModel` (or its dict); ``None`` takes a calibration file's costs, else
-    measures the models' forward curves once (cached on the model objects).  ``max_nodes`` caps
-    the candidate trees' size.  Plain data: each generation builds its own chooser from it.
+    measures the models' forward curves once per generation (or batch engine); an
+    :class:`ersd.auto.CurveCache` shares that measurement across the generations given it.
+    ``max_nodes`` caps the candidate trees' size.  Plain data: each generation builds its own
+    chooser from it.
     """
 
     profile: Any = None

@@ -102,19 +102,22 @@ def check_seed(seed: Any) -> int:
         raise GenerationInputError(
             f"seed must be an integer in [0, 2**64), got {_show(seed)} "
             f"({type(seed).__name__}); pass a whole number such as seed=0 (floats, strings and "
-            "bools are not rounded or parsed)"
+            "bools are not rounded or parsed)",
+            param="seed",
         )
     if not 0 <= value < SEED_LIMIT:
         raise GenerationInputError(
             f"seed must lie in [0, 2**64), got {value}; seeds are not reduced modulo 2**64 "
             "(that would make two seeds give the same text): pass seed % 2**64 yourself if "
-            "that is what you want"
+            "that is what you want",
+            param="seed",
         )
     return value
 
 
-def check_token_ids(ids: Any, vocab_size: int, *, name: str = "prompt") -> list[int]:
-    """Token ids as a list of ints in ``[0, vocab_size)``.
+def check_token_ids(ids: Any, vocab_size: int | None, *, name: str = "prompt") -> list[int]:
+    """Token ids as a list of ints in ``[0, vocab_size)`` (``None``: any id >= 0; the range of a
+    model's vocabulary is checked when the model is known).
 
     Accepts a list or tuple of integers, or a 1-d NumPy array / PyTorch tensor of an integer
     dtype.  A string, a float or bool element, a 2-d batch or an empty sequence is an error.
@@ -122,20 +125,23 @@ def check_token_ids(ids: Any, vocab_size: int, *, name: str = "prompt") -> list[
     if isinstance(ids, str | bytes):
         raise GenerationInputError(
             f"{name} must be a sequence of token ids, not a {type(ids).__name__}; tokenize it "
-            "first (e.g. model.tokenizer.encode(text))"
+            "first (e.g. model.tokenizer.encode(text))",
+            param=name,
         )
     if isinstance(ids, np.ndarray) or _is_torch(ids):
         dims = int(ids.ndim)
         if dims != 1:
             raise GenerationInputError(
                 f"{name} must be 1-d (one sequence of token ids), got an array of shape "
-                f"{tuple(ids.shape)}; pass one row, e.g. ids[0]"
+                f"{tuple(ids.shape)}; pass one row, e.g. ids[0]",
+                param=name,
             )
         kind = str(ids.dtype)
         if "int" not in kind or "bool" in kind:
             raise GenerationInputError(
                 f"{name} must hold integer token ids, got an array of dtype {kind}; convert "
-                "with .astype(int) / .long() only if the values are whole numbers"
+                "with .astype(int) / .long() only if the values are whole numbers",
+                param=name,
             )
         values = [int(v) for v in ids.tolist()]
     elif isinstance(ids, Sequence):
@@ -145,27 +151,32 @@ def check_token_ids(ids: Any, vocab_size: int, *, name: str = "prompt") -> list[
             if value is None:
                 raise GenerationInputError(
                     f"{name}[{i}] is {_show(tok)} ({type(tok).__name__}), not an integer token "
-                    "id; token ids are ints (bools and floats are not accepted)"
+                    "id; token ids are ints (bools and floats are not accepted)",
+                    param=name,
                 )
             values.append(value)
     else:
         raise GenerationInputError(
-            f"{name} must be a list of token ids (or a 1-d integer array), got {type(ids).__name__}"
+            f"{name} must be a list of token ids (or a 1-d integer array), got "
+            f"{type(ids).__name__}",
+            param=name,
         )
     if not values:
         raise GenerationInputError(
-            f"{name} is empty; give at least one token (e.g. the tokenizer's BOS token)"
+            f"{name} is empty; give at least one token (e.g. the tokenizer's BOS token)",
+            param=name,
         )
-    bad = [v for v in values if not 0 <= v < vocab_size]
+    bad = [v for v in values if v < 0 or (vocab_size is not None and v >= vocab_size)]
     if bad:
         raise GenerationInputError(
-            f"{name} holds token ids outside [0, {vocab_size}): {bad[:5]}; check that the "
-            "tokenizer matches the model"
+            f"{name} holds token ids outside [0, {vocab_size or 'vocab_size'}): {bad[:5]}; check "
+            "that the tokenizer matches the model",
+            param=name,
         )
     return values
 
 
-def check_eos_ids(eos: Any, vocab_size: int) -> frozenset[int]:
+def check_eos_ids(eos: Any, vocab_size: int | None) -> frozenset[int]:
     """EOS ids as a set of ints in ``[0, vocab_size)`` (``None``: no EOS, the empty set).
 
     A string is an error (``"12"`` is not the set ``{1, 2}``); an empty sequence means no EOS.
@@ -178,7 +189,8 @@ def check_eos_ids(eos: Any, vocab_size: int) -> frozenset[int]:
     elif isinstance(eos, str | bytes):
         raise GenerationInputError(
             f"eos_token_id must be an integer or a list of integers, not the string {eos!r}; "
-            "pass the token id itself (e.g. tokenizer.eos_token_id), not its text"
+            "pass the token id itself (e.g. tokenizer.eos_token_id), not its text",
+            param="eos_token_id",
         )
     elif isinstance(eos, np.ndarray | Sequence | set | frozenset) or _is_torch(eos):
         if len(eos) == 0:
@@ -188,12 +200,14 @@ def check_eos_ids(eos: Any, vocab_size: int) -> frozenset[int]:
     else:
         raise GenerationInputError(
             f"eos_token_id must be None, an integer or a list of integers, got "
-            f"{_show(eos)} ({type(eos).__name__})"
+            f"{_show(eos)} ({type(eos).__name__})",
+            param="eos_token_id",
         )
-    if not 0 <= values[0] < vocab_size:
+    if values[0] < 0 or (vocab_size is not None and values[0] >= vocab_size):
         raise GenerationInputError(
-            f"eos_token_id {values[0]} is outside [0, {vocab_size}); check that the tokenizer "
-            "matches the model"
+            f"eos_token_id {values[0]} is outside [0, {vocab_size or 'vocab_size'}); check that "
+            "the tokenizer matches the model",
+            param="eos_token_id",
         )
     return frozenset(values)
 
@@ -203,7 +217,8 @@ def check_max_new_tokens(max_new_tokens: Any) -> int:
     if value is None or value < 1:
         raise GenerationInputError(
             f"max_new_tokens must be an integer >= 1, got {_show(max_new_tokens)}; "
-            "e.g. max_new_tokens=128"
+            "e.g. max_new_tokens=128",
+            param="max_new_tokens",
         )
     return value
 
@@ -214,7 +229,8 @@ def check_prompt_fits(prompt_len: int, max_length: int | None) -> None:
         raise GenerationInputError(
             f"the prompt has {prompt_len} tokens but the model's context window is {max_length} "
             f"tokens, leaving no room for a new token; shorten the prompt to at most "
-            f"{max_length - 1} tokens"
+            f"{max_length - 1} tokens",
+            param="prompt",
         )
 
 
@@ -226,12 +242,14 @@ def check_temperature(temperature: Any) -> float:
     if value is None or not math.isfinite(value) or value < 0:
         raise SamplingParamsError(
             f"temperature must be a finite number >= 0 (0 = greedy), got "
-            f"{_show(temperature)}; use e.g. temperature=0.7"
+            f"{_show(temperature)}; use e.g. temperature=0.7",
+            param="temperature",
         )
     if 0 < value < MIN_TEMPERATURE:
         raise SamplingParamsError(
             f"temperature {value!r} is below the smallest supported {MIN_TEMPERATURE} (logits "
-            "divided by it overflow); use temperature=0 for greedy decoding"
+            "divided by it overflow); use temperature=0 for greedy decoding",
+            param="temperature",
         )
     return value
 
@@ -243,7 +261,8 @@ def check_top_k(top_k: Any) -> int | None:
     if value is None or value < 1:
         raise SamplingParamsError(
             f"top_k must be an integer >= 1 or None (no top-k filter), got {_show(top_k)}; "
-            "use e.g. top_k=50"
+            "use e.g. top_k=50",
+            param="top_k",
         )
     return value
 
@@ -255,7 +274,8 @@ def check_top_p(top_p: Any) -> float | None:
     if value is None or not 0.0 < value <= 1.0:  # NaN fails the comparison too
         raise SamplingParamsError(
             f"top_p must lie in (0, 1] or be None (no nucleus filter), got {_show(top_p)}; "
-            "use e.g. top_p=0.9"
+            "use e.g. top_p=0.9",
+            param="top_p",
         )
     return value
 
@@ -267,7 +287,8 @@ def check_min_p(min_p: Any) -> float | None:
     if value is None or not 0.0 <= value < 1.0:
         raise SamplingParamsError(
             f"min_p must lie in [0, 1) or be None (no min-p filter), got {_show(min_p)}; "
-            "use e.g. min_p=0.05"
+            "use e.g. min_p=0.05",
+            param="min_p",
         )
     return value
 

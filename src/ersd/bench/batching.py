@@ -101,7 +101,7 @@ def run_batch_entry(
         seeds=seeds,
         max_new_tokens=max_new_tokens,
         method=with_sharpness(entry.method, sharpness) if drafted else "ersd",
-        tree=(entry.shape or entry.tree or "chain:1") if drafted else "chain:1",
+        tree=pair.tree(entry.shape or entry.tree or "chain:1") if drafted else "chain:1",
         temperature=temperature,
         eos_token_id=eos,
     )
@@ -209,7 +209,7 @@ def warm_up(
         from ersd.generation import as_drafter
 
         draft = draft_model_of(as_drafter(pair.draft)) if pair.draft is not pair.target else None
-        prepare_costs(pair.target, draft, encoded[0], max(sizes))
+        prepare_costs(pair.target, draft, encoded[0], max(sizes), pair.curves)
     for temp, entries in plans.items():
         for b, e in batch_plan(entries, sizes):
             bar.set_postfix_str(f"T={temp} B={b} {e.label}")

@@ -292,7 +292,7 @@ def _validate(cfg: BenchConfig) -> None:
             "calibrate.cost_sizes must list forward sizes >= 1 and cost_repeats must be >= 1"
         )
     from ersd.drafting.dynamic import parse_dynamic
-    from ersd.tree import parse_tree
+    from ersd.tree_spec import parse_tree
 
     for method, specs in r.trees.items():
         for spec in specs:

@@ -9,12 +9,14 @@ baseline alone needs the transformers modules (:class:`ersd.models.hf.HFModel`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ersd
+from ersd.auto import CurveCache, sharing
 from ersd.bench.config import ModelsConfig
 from ersd.models.base import TextModel, Tokenizer
+from ersd.tree import parse_auto
 
 STANDINS = ("toy", "tiny-qwen2")
 
@@ -24,6 +26,14 @@ class ModelPair:
     target: TextModel
     draft: TextModel
     description: str
+    #: ``tree="auto"``'s measured cost curves, shared by every run of the pair (measured in the
+    #: warm-up, so no timed run pays for them)
+    curves: CurveCache = field(default_factory=CurveCache)
+
+    def tree(self, spec: Any) -> Any:
+        """``spec`` as run on this pair: an ``auto`` spec shares the pair's cost curves."""
+        auto = parse_auto(spec)
+        return sharing(auto, self.curves) if auto is not None else spec
 
     @property
     def tokenizer(self) -> Tokenizer:

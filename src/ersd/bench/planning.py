@@ -29,7 +29,8 @@ from ersd.bench.config import BenchConfig
 from ersd.bench.costs import predict
 from ersd.bench.trees import natural_shapes
 from ersd.theory.profile import nearest_temperature
-from ersd.tree import TreeShape, parse_tree
+from ersd.tree import TreeShape
+from ersd.tree_spec import parse_tree
 
 
 @dataclass

@@ -205,7 +205,7 @@ def run_entry(
         ids,
         max_new_tokens=max_new_tokens,
         method=with_sharpness(entry.method, draft_sharpness),
-        tree=entry.shape if entry.shape is not None else "auto",
+        tree=entry.shape if entry.shape is not None else pair.tree("auto"),
         temperature=temperature,
         seed=seed,
         eos_token_id=eos,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ersd.errors import UnsupportedTreeError
 from ersd.methods import get_method
 from ersd.methods.catalog import method_info
-from ersd.tree import parse_tree
+from ersd.tree_spec import parse_tree
 
 
 def natural_shapes(method: str, k: int, style: str = "natural") -> list[str]:

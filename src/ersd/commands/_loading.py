@@ -187,7 +187,7 @@ def load_pair(args: ModelArgs) -> LoadedPair:
     if args.backend == "llamacpp":
 
         def load_target(name: str) -> Any:
-            return ersd.load_model(name, backend="llamacpp", threads=args.threads)
+            return ersd.load_model(name, backend="llamacpp", threads=args.threads, progress=True)
 
         load_draft_model = load_target
     else:
@@ -196,12 +196,19 @@ def load_pair(args: ModelArgs) -> LoadedPair:
         )
 
         def load_target(name: str) -> Any:
-            return ersd.load_model(name, dtype=args.dtype, device=args.device, linear=args.linear)
+            return ersd.load_model(
+                name, dtype=args.dtype, device=args.device, linear=args.linear, progress=True
+            )
 
         def load_draft_model(name: str) -> Any:
             dtype = args.draft_dtype or args.dtype
             return ersd.load_model(
-                name, dtype=dtype, device=args.device, linear=args.linear, **overrides
+                name,
+                dtype=dtype,
+                device=args.device,
+                linear=args.linear,
+                progress=True,
+                **overrides,
             )
 
     tmodel = load_target(args.target)

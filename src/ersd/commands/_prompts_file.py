@@ -152,7 +152,8 @@ def run_prompts_file(
     from tqdm import tqdm
 
     import ersd
-    from ersd.generation import _validate, as_drafter
+    from ersd.generation import as_drafter
+    from ersd.request import Request
 
     tmodel, draft = pair.target, pair.draft
     common = {k: v for k, v in settings.items() if k not in ("seed", "max_new_tokens")}
@@ -165,9 +166,11 @@ def run_prompts_file(
     drafter = as_drafter(draft)
     for ln, p, s, n in zip(lines, ids, seeds, limits, strict=True):  # all checked before any runs
         try:
-            _validate(tmodel, drafter, p, n, common["eos_token_id"], s)
+            eos = common["eos_token_id"]
+            line = Request(p, max_new_tokens=n, seed=s, tree=None, eos_token_id=eos)
+            line.check_models(tmodel, drafter)
         except ErsdError as exc:
-            raise type(exc)(f"{path} line {ln.line}: {exc}") from None
+            raise type(exc)(f"{path} line {ln.line}: {exc}", param=exc.param) from None
     groups: dict[int, list[int]] = defaultdict(list)
     for i, n in enumerate(limits):
         groups[n].append(i)

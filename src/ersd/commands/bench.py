@@ -244,6 +244,30 @@ def report(records: tuple[str, ...], out_dir: str | None) -> None:
     click.echo(json.dumps({k: str(v) for k, v in paths.items()}))
 
 
+@bench.command("pairs")
+@click.argument("records", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--against",
+    multiple=True,
+    default=["target-only"],
+    show_default=True,
+    help="Reference configuration (repeatable), e.g. 'hf-prompt-lookup' or 'sd chain:{k}' "
+    "({k}: each configuration's own budget).",
+)
+def pairs(records: tuple[str, ...], against: tuple[str, ...]) -> None:
+    """Paired ratios of RECORDS (JSONL): every configuration against a reference on the same
+    prompt, temperature and seed, with 95% intervals over the runs."""
+    from ersd.bench.aggregate import read_all
+    from ersd.bench.pairs import pairs_report
+    from ersd.errors import ErsdError
+
+    try:
+        _, results, _ = read_all(list(records))
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(pairs_report(results, against), nl=False)
+
+
 def _concurrency(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
     try:
         levels = [int(c) for c in value.split(",")]

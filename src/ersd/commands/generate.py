@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -179,10 +180,10 @@ def generate(
     With --prompts-file, generate for every prompt of a JSON Lines file at once (batched).
     """
     import ersd
+    from ersd.auto import CurveCache, sharing
     from ersd.commands._prompts_file import read_prompts, run_prompts_file
-    from ersd.drafting.dynamic import parse_dynamic
     from ersd.errors import ErsdError
-    from ersd.tree import parse_auto
+    from ersd.tree_spec import parse_tree_spec
 
     if prompts_file is not None:
         if prompt is not None:
@@ -201,12 +202,11 @@ def generate(
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         meth = ersd_method(method, draft_sharpness)
-        # dynamic:K[@D] trees are grown by ersd.generate itself (ersd.drafting.dynamic), auto
-        # trees chosen by it per step (ersd.auto)
-        if parse_dynamic(tree):
-            shape: Any = tree
-        else:
-            shape = parse_auto(tree) or ersd.parse_tree(tree, temperature=temperature)
+        # every tree kind parses once, at the request's temperature (ersd.tree_spec): fixed
+        # shapes, optimal:K@FILE, auto (chosen per step) and dynamic:K[@D] (grown per step)
+        shape = parse_tree_spec(tree, temperature=temperature)
+        if shape.auto is not None:  # the warm-up's measured cost curves serve the real run
+            shape = replace(shape, auto=sharing(shape.auto, CurveCache()))
         ersd.SamplingParams(temperature, top_k, top_p, min_p)
         if watermark_context is not None and watermark_key_file is None:
             raise click.UsageError("--watermark-context goes with --watermark-key-file FILE")
@@ -216,11 +216,6 @@ def generate(
             else None
         )
         lines = read_prompts(prompts_file) if prompts_file is not None else None
-        if lines is not None and parse_dynamic(tree):
-            raise click.UsageError(
-                f"--tree {tree}: dynamic trees run one prompt at a time; with --prompts-file "
-                "use a fixed tree (e.g. --tree multi:2x3) or drop --prompts-file"
-            )
         pair = load_pair(models)
         log(f"[loaded in {pair.seconds:.1f}s: {pair.summary()}]")
         kwargs: dict[str, Any] = dict(

@@ -98,12 +98,13 @@ def serve(
         ) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
-        ersd.get_method(method)
-        from ersd.tree import TreeShape, parse_auto
+        from ersd.tree_spec import parse_tree_spec
 
-        shape = (parse_auto(tree) or ersd.parse_tree(tree)) if models.has_draft else None
-        if isinstance(shape, TreeShape):
-            ersd.get_method(method).check_shape(shape)
+        meth = ersd.get_method(method)
+        # every kind (dynamic:K and auto included); optimal:K@FILE is read once, here
+        shape = parse_tree_spec(tree, temperature=None) if models.has_draft else None
+        if shape is not None and shape.shape is not None:
+            meth.check_shape(shape.shape)
         pair = load_pair(models)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None

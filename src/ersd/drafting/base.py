@@ -20,14 +20,18 @@ implementation; drafters that are not models implement the same two methods.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ersd.methods import DraftTree, Method
+from ersd.models.base import ModelSession
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise
 from ersd.tree import TreeShape
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -54,6 +58,29 @@ class DraftSession(Protocol):
     ) -> Proposal: ...
 
     def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class GrowingSession(DraftSession, Protocol):
+    """A draft session that grows its tree level by level on a draft model's ``session`` (the
+    optional capability a batched engine uses, as :class:`~ersd.models.batch.BatchScoring` is
+    for models): :meth:`grow` yields each draft-model call ``(tokens, parents)``, receives its
+    logits and returns the tree, so an engine drives many sessions with one draft forward per
+    level.  ``parallel_grow``: whether sessions may grow on worker threads side by side (False
+    when they share state, e.g. a dynamic drafter's predictor).  :class:`ModelDraftSession` and
+    the dynamic drafters' sessions are ones."""
+
+    session: ModelSession
+    parallel_grow: bool
+
+    def grow(
+        self,
+        shape: TreeShape,
+        key: int,
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> Generator[tuple[list[int], list[int]], torch.Tensor, DraftTree]: ...
 
 
 @runtime_checkable

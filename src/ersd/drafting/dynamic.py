@@ -17,7 +17,7 @@ get the same specs grown from the draft's confidence instead (their i.i.d. lanes
 margin): :mod:`ersd.drafting.confidence`.  At temperature 0 the tree is a chain of
 ``min(K, depth cap)`` greedy tokens.
 
-Spec strings (through :func:`dynamic_tree`, called by :func:`ersd.generate`):
+Spec strings (parsed by :mod:`ersd.tree_spec`; :func:`dynamic_drafter` makes their drafter):
 ``dynamic:K`` (depth cap K), ``dynamic:K@D`` (depth cap D), ``dynamic-cost:K[@D]`` (cost-aware;
 the drafter must carry a cost model).  Without a calibrated predictor the drafter starts from a
 weak prior and learns online from its own observations: at each verified context the emitted
@@ -27,11 +27,10 @@ token is the target's race winner, whose rank in the draft's race the drafter co
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ import torch
 from ersd.drafting.base import Drafter, Proposal
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
 from ersd.drafting.policy import CostState, OpenContext, StepCosts, plan_round
-from ersd.errors import GenerationInputError, InvalidTreeSpecError, UnsupportedTreeError
+from ersd.errors import GenerationInputError, UnsupportedTreeError
 from ersd.methods import DraftTree, GreedyRule, Method
 from ersd.methods.ersd import ERSD
 from ersd.models.base import LanguageModel, ModelSession
@@ -47,21 +46,10 @@ from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
 from ersd.tree import TreeShape
+from ersd.tree_spec import DynamicSpec, parse_dynamic
 
-_SPEC = re.compile(r"\s*(dynamic|dynamic-cost)\s*:\s*([1-9][0-9]*)\s*(?:@\s*([1-9][0-9]*)\s*)?")
-
-
-@dataclass(frozen=True)
-class DynamicSpec:
-    budget: int
-    max_depth: int | None = None
-    cost_aware: bool = False
-
-    @property
-    def spec(self) -> str:
-        kind = "dynamic-cost" if self.cost_aware else "dynamic"
-        cap = f"@{self.max_depth}" if self.max_depth is not None else ""
-        return f"{kind}:{self.budget}{cap}"
+if TYPE_CHECKING:
+    from ersd.drafting.confidence import ConfidenceDrafter
 
 
 def check_budget(budget: Any, max_depth: Any) -> None:
@@ -69,21 +57,6 @@ def check_budget(budget: Any, max_depth: Any) -> None:
     for name, v in (("budget", budget), ("max_depth", max_depth)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
-
-
-def parse_dynamic(spec: Any) -> DynamicSpec | None:
-    """The :class:`DynamicSpec` of a ``dynamic[-cost]:K[@D]`` string; None for other specs."""
-    if not isinstance(spec, str) or not spec.strip().lower().startswith("dynamic"):
-        return None
-    m = _SPEC.fullmatch(spec.lower())
-    if not m:
-        raise InvalidTreeSpecError(
-            f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
-            "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
-        )
-    return DynamicSpec(
-        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
-    )
 
 
 @dataclass(frozen=True)
@@ -491,45 +464,33 @@ class DynamicDraftSession(RaceDraftSession):
         return tree
 
 
-def dynamic_tree(tree: Any, drafter: Drafter | None, method: Any) -> tuple[Drafter | None, Any]:
-    """Hook of :func:`ersd.generate`: for a ``dynamic[-cost]:K[@D]`` spec, the drafter that grows
-    it and the envelope shape (a chain of the depth cap); other specs pass through."""
-    spec = parse_dynamic(tree)
-    if spec is None or drafter is None:
-        return drafter, tree
+def dynamic_drafter(
+    spec: DynamicSpec, drafter: Drafter | None, method: Method
+) -> DynamicDrafter | ConfidenceDrafter:
+    """The drafter that grows ``spec``'s trees for ``method`` from ``drafter``: for ERSD a
+    :class:`DynamicDrafter` (``drafter``'s model, or ``drafter`` itself reconfigured), for SD /
+    SpecInfer / SpecTr a confidence-grown one (:mod:`ersd.drafting.confidence`).  Its
+    ``depth_cap`` bounds the trees (the loop's envelope shape is a chain of that depth)."""
     from ersd.drafting.confidence import baseline_drafter
-    from ersd.methods import get_method
 
-    meth = get_method(method)
-    if not isinstance(meth, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
-        base = baseline_drafter(spec, drafter, meth)
-        return base, TreeShape.chain(base.depth_cap)
+    if not isinstance(method, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
+        return baseline_drafter(spec, drafter, method)
     if isinstance(drafter, DynamicDrafter):
-        out = drafter.configured(spec)
-    elif isinstance(drafter, ModelDrafter):
+        return drafter.configured(spec)
+    if isinstance(drafter, ModelDrafter):
         if spec.cost_aware:
             raise GenerationInputError(
-                f"tree {tree!r} is cost-aware and needs forward-time curves: pass "
+                f"tree {spec.spec!r} is cost-aware and needs forward-time curves: pass "
                 "draft=ersd.drafting.DynamicDrafter(model, costs=...) (e.g. the CostModel of an "
-                "`ersd bench calibrate` file)"
+                "`ersd bench calibrate` file)",
+                param="tree",
             )
-        out = DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
-    else:
-        raise GenerationInputError(
-            f"tree {tree!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
-            f"{type(drafter).__name__}"
-        )
-    return out, TreeShape.chain(out.depth_cap)
-
-
-def tree_label(tree: Any, draft: Any) -> Any:
-    """The tree a result is labelled with: the dynamic spec when a dynamic drafter drafts."""
-    from ersd.drafting.confidence import ConfidenceDrafter
-
-    if isinstance(draft, DynamicDrafter | ConfidenceDrafter) and parse_dynamic(tree) is None:
-        return draft.spec
-    spec = parse_dynamic(tree)
-    return spec.spec if spec is not None else tree
+        return DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
+    raise GenerationInputError(
+        f"tree {spec.spec!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
+        f"{type(drafter).__name__}",
+        param="tree",
+    )
 
 
 __all__ = [
@@ -541,7 +502,6 @@ __all__ = [
     "RaceDraftSession",
     "SharpnessFit",
     "as_predictor",
-    "dynamic_tree",
+    "dynamic_drafter",
     "parse_dynamic",
-    "tree_label",
 ]

@@ -90,6 +90,21 @@ def _memory_hint(name: str, folder: Path, dtype: torch.dtype) -> str:
 
 
 @contextlib.contextmanager
+def _transformers_bars(progress: bool) -> Iterator[None]:
+    """transformers' progress bars (loading weights) only when ``progress``."""
+    from transformers.utils import logging as hf_logging
+
+    on = hf_logging.is_progress_bar_enabled()
+    if on and not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if on and not progress:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _transformers_verbosity_error(active: bool) -> Iterator[None]:
     """Silence transformers' warnings (not errors) inside the block when ``active``."""
     if not active:
@@ -128,11 +143,12 @@ def _weight_files(folder: Path | str) -> str:
     return ", ".join(files) or "its weight files"
 
 
-def _resolve(name: str) -> Path | str:
-    """A bundled name's prepared folder, a local folder, or a hub id (returned as a string)."""
+def _resolve(name: str, progress: bool = False) -> Path | str:
+    """A bundled name's prepared folder, a local folder, or a hub id (returned as a string);
+    ``progress``: the first use's preparation reports on stderr."""
     registry, prepare = _bundled()
     if name in registry:
-        return Path(prepare(name))
+        return Path(prepare(name, progress=progress))
     if Path(name).expanduser().is_dir():
         return Path(name).expanduser()
     if "/" not in name or name.startswith((".", "~")):
@@ -157,6 +173,7 @@ def load(
     device: str = "cpu",
     tree_attention: str = "auto",
     linear: str = "auto",
+    progress: bool = False,
     **config_overrides: Any,
 ) -> HFModel:
     """Load a causal LM: a bundled offline name (``ersd models list``), a local folder or a hub id.
@@ -173,7 +190,9 @@ def load(
     :mod:`ersd.models.cpu`.
 
     ``config_overrides`` update the model config before the weights are loaded, e.g.
-    ``num_hidden_layers=8`` makes a layer-truncated draft of the same checkpoint.
+    ``num_hidden_layers=8`` makes a layer-truncated draft of the same checkpoint.  ``progress``:
+    report a bundled model's first-use preparation on stderr (silent by default; the CLI turns
+    it on).
     """
     from ersd.models.cpu import LINEAR_MODES
 
@@ -190,7 +209,7 @@ def load(
     check_device(device)
     torch_dtype = torch.float32 if quantize else parse_dtype(dtype)
     name = str(name_or_path)
-    folder = _resolve(name)
+    folder = _resolve(name, progress)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
@@ -222,7 +241,7 @@ def load(
         # transformers' load report (a warning table of every unused weight) quiet then
         quiet = set(config_overrides) == {"num_hidden_layers"}
         tokenizer = AutoTokenizer.from_pretrained(folder)  # cheap: fail before the weights
-        with _transformers_verbosity_error(quiet):
+        with _transformers_verbosity_error(quiet), _transformers_bars(progress):
             model: Any = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, dtype=torch_dtype
             )

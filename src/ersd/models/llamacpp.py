@@ -95,14 +95,17 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def resolve_gguf(name_or_path: str | os.PathLike[str], cache_dir: Any = None) -> Path:
-    """The GGUF file of a bundled model name (assembled and verified) or a ``.gguf`` path."""
+def resolve_gguf(
+    name_or_path: str | os.PathLike[str], cache_dir: Any = None, progress: bool = False
+) -> Path:
+    """The GGUF file of a bundled model name (assembled and verified; ``progress``: reported on
+    stderr) or a ``.gguf`` path."""
     from ersd.models import bundled
 
     text = str(name_or_path)
     if text in bundled.BUNDLED:
         # kept in the cache and checksum-verified (prepare never deletes it)
-        return bundled.gguf_path(text, cache_dir, ensure=True)
+        return bundled.gguf_path(text, cache_dir, ensure=True, progress=progress)
     path = Path(text).expanduser()
     if not path.is_file():
         raise ModelLoadError(
@@ -127,6 +130,7 @@ def load_model(
     max_paths: int = DEFAULT_MAX_PATHS,
     repack: bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = False,
     **unknown: Any,
 ) -> LlamaCppModel:
     """Load a bundled model name or a ``.gguf`` file with llama.cpp (see :class:`LlamaCppModel`).
@@ -141,7 +145,7 @@ def load_model(
             "threads=, context=, exact=, max_paths=, repack= and cache_dir="
         )
     llama_lib()
-    path = resolve_gguf(name_or_path, cache_dir)
+    path = resolve_gguf(name_or_path, cache_dir, progress)
     from ersd.models import bundled
 
     name = str(name_or_path) if str(name_or_path) in bundled.BUNDLED else path.name

@@ -48,7 +48,9 @@ def load_model(name_or_path: str, *, backend: str = "auto", **options: Any) -> T
     (:func:`ersd.models.hf_load.load`): ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``,
     ``"int8"``), ``device``, ``linear`` (``"auto"`` / ``"onednn"`` / ``"torch"``),
     ``tree_attention`` and config overrides such as ``num_hidden_layers=K`` (a layer-truncated
-    draft).  Returns an :class:`ersd.TextModel` (``.tokenizer``, ``.eos_token_ids``, ...).
+    draft).  Silent unless asked: ``progress=True`` reports a bundled model's first-use
+    preparation on stderr (the CLI turns it on).  Returns an :class:`ersd.TextModel`
+    (``.tokenizer``, ``.eos_token_ids``, ...).
     """
     if backend == "auto":
         backend = backend_for(name_or_path)

@@ -40,7 +40,7 @@ NAMES: dict[str, str] = {
     "tiny-qwen2-draft": "tiny random Qwen2's 1-layer truncation",
 }
 # options every loader may pass (``ersd generate`` always does); the toy models ignore them
-_GENERIC = ("dtype", "device", "linear")
+_GENERIC = ("dtype", "device", "linear", "progress")  # progress: nothing to report
 
 
 class ByteTokenizer:

@@ -80,10 +80,7 @@ class _Call:
         def sink(i: int) -> Any:
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
 
-        self.jobs = [
-            Job(list(plan.prompt), plan.job_params(seed), sink(i))
-            for i, seed in enumerate(plan.seeds)
-        ]
+        self.jobs = [Job(plan.request_for(seed), sink(i)) for i, seed in enumerate(plan.seeds)]
 
     def submit(self) -> None:
         serving: ServingLoop = self.app.state.serving

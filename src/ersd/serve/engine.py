@@ -21,11 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ersd.batch import BatchEngine
 from ersd.errors import ErsdError
+from ersd.request import Request
 from ersd.results import StepRecord
 
 log = logging.getLogger("ersd.serve")
@@ -52,20 +53,24 @@ Event = StepRecord | Failed
 
 @dataclass(eq=False)
 class Job:
-    """One sequence (one choice of a request): prompt, engine settings, delivery callback."""
+    """One sequence (one choice of an HTTP request): its :class:`Request`, delivery callback."""
 
-    prompt: list[int]
-    params: dict[str, Any]  # BatchEngine.add keywords (max_new_tokens, seed, method, ...)
+    request: Request
     deliver: Callable[[Event], None]
     tokens: list[int] = field(default_factory=list)  # tokens delivered so far
     cancelled: bool = False
     finished: bool = False
 
-    def add_args(self) -> tuple[list[int], dict[str, Any]]:
-        """Arguments of ``BatchEngine.add`` that continue this job from what it delivered."""
-        params = dict(self.params)
-        params["max_new_tokens"] = self.params["max_new_tokens"] - len(self.tokens)
-        return self.prompt + self.tokens, params
+    def continued(self) -> Request:
+        """The request that continues this job from what it delivered (race keys depend only on
+        the seed and the context, so it goes on with exactly the tokens the job would have)."""
+        if not self.tokens:
+            return self.request
+        return replace(
+            self.request,
+            prompt=(*self.request.prompt, *self.tokens),
+            max_new_tokens=self.request.max_new_tokens - len(self.tokens),
+        )
 
 
 class ServingLoop:
@@ -199,9 +204,8 @@ class ServingLoop:
                 time.sleep(0.1)
 
     def _add(self, engine: BatchEngine, job: Job) -> int | None:
-        prompt, params = job.add_args()
         try:
-            rid = engine.add(prompt, **params)
+            rid = engine.add(job.continued())
         except ErsdError as exc:
             self._fail(job, str(exc), 400)
             return None

@@ -34,7 +34,7 @@ class _Request(BaseModel):
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**64)
+    seed: StrictInt | None = None  # its range: ersd.validation.check_seed, as everywhere
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

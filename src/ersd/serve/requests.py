@@ -1,23 +1,28 @@
-"""Checking a request and turning it into engine settings (a :class:`Plan`).
+"""Checking an HTTP request and turning it into a :class:`Plan` of library requests.
 
-Every check happens here, before anything is queued, so a bad request gets a 400 naming the
-field and the fix and never reaches the engine.  Seeds: a request's ``seed`` (a random one when
-unset) is used as-is for ``n=1``; with ``n>1`` choice ``i`` gets
-:func:`ersd.derive_seed` ``(seed, i)``, exactly like ``ersd.generate_batch(seeds=seed)``.
+The body becomes one :class:`ersd.request.Request`, checked by the library before anything is
+queued, so a bad request gets a 400 naming the field (the error's ``param``) and the fix and
+never reaches the engine.  Only the server's own policies live here (the served model's name,
+OpenAI fields ersd does not implement, default ``max_tokens``, files in ``tree``).
+
+Seeds: a request's ``seed`` (a random one when unset) is used as-is for ``n=1``; with ``n>1``
+choice ``i`` gets :func:`ersd.derive_seed` ``(seed, i)``, exactly like
+``ersd.generate_batch(seeds=seed)``; either way the seed itself must lie in ``[0, 2**64)``.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ersd.batch import derive_seed
 from ersd.errors import ErsdError
-from ersd.methods import get_method
 from ersd.probs import SamplingParams
+from ersd.request import Request
 from ersd.serve import protocol as P
-from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
+from ersd.tree import AutoTree, TreeShape
+from ersd.tree_spec import ParsedTree
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
 COMPLETIONS_MAX_TOKENS = 16
@@ -47,7 +52,8 @@ class ServeConfig:
 
     model_name: str
     method: str = "ersd"
-    tree: str | TreeShape | AutoTree | None = "multi:2x3"  # None: target-only unless a request asks
+    #: None: target-only unless a request asks; a string is parsed at each request's temperature
+    tree: str | TreeShape | AutoTree | ParsedTree | None = "multi:2x3"
     max_batch_size: int = 8
     max_queue: int = 64
     max_tokens: int = 256  # chat's default max_tokens (capped by the context window)
@@ -56,30 +62,36 @@ class ServeConfig:
 
 @dataclass
 class Plan:
-    """A checked request: what the engine runs for each choice."""
+    """A checked HTTP request: the :class:`~ersd.request.Request` of its first choice and the
+    seeds of all its choices."""
 
     model_name: str
-    prompt: list[int]
+    request: Request
     seeds: list[int]
-    max_tokens: int
-    method: str
-    shape: TreeShape | AutoTree | None  # None: target-only; AutoTree: tree="auto"
-    sampling: SamplingParams
-    eos: list[int]
     stops: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
 
-    def job_params(self, seed: int) -> dict[str, Any]:
-        """Keywords of ``BatchEngine.add`` for one choice."""
-        return dict(
-            max_new_tokens=self.max_tokens,
-            seed=seed,
-            method=self.method,
-            tree=self.shape,
-            sampling=self.sampling,
-            eos_token_id=self.eos,
-        )
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return tuple(self.request.prompt)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def method(self) -> str:
+        return self.request.verification.name
+
+    @property
+    def shape(self) -> ParsedTree | None:
+        """The tree drafted (None: target-only); its ``label`` names it."""
+        return self.request.parsed_tree
+
+    def request_for(self, seed: int) -> Request:
+        """The request of the choice with ``seed`` (already checked: only the seed differs)."""
+        return replace(self.request, seed=seed)
 
 
 def context_window(model: Any) -> int | None:
@@ -103,7 +115,11 @@ def plan_request(
     config: ServeConfig,
     chat: bool,
 ) -> Plan:
-    """Check ``body`` (whose prompt encodes to ``prompt``) against the served models."""
+    """Check ``body`` (whose prompt encodes to ``prompt``) against the served models.
+
+    The body becomes one :class:`~ersd.request.Request` (checked once, by the library); an
+    :class:`~ersd.ErsdError` becomes a 400 whose ``param`` is the error's own ``param`` (the
+    request's ``prompt`` is the body's ``prompt`` or ``messages``)."""
     if body.model is not None and body.model != config.model_name:
         raise ApiError(
             404,
@@ -118,33 +134,7 @@ def plan_request(
     where = "messages" if chat else "prompt"
     if not prompt:
         raise _bad(where, "the prompt encodes to no tokens; give some text")
-    vocab = target.vocab_size
-    if any(not 0 <= t < vocab for t in prompt):
-        raise _bad(where, f"token ids must lie in [0, {vocab}) for this model")
-
-    temperature = 1.0 if body.temperature is None else body.temperature
-    try:
-        sampling = SamplingParams(temperature, body.top_k, body.top_p, body.min_p)
-    except ErsdError as exc:
-        msg = str(exc)
-        param = next(
-            (f for f in ("top_k", "top_p", "min_p") if f.replace("_", "-") in msg or f in msg),
-            "temperature",
-        )
-        raise _bad(param, msg) from None
-
-    method = body.method or config.method
-    try:
-        meth = get_method(method)
-    except ErsdError as exc:
-        raise _bad("method", str(exc)) from None
-    shape = _tree(body.tree, draft, config)
-    if isinstance(shape, TreeShape):
-        try:
-            meth.check_shape(shape)
-        except ErsdError as exc:
-            hint = "" if body.tree else " (the server's default tree; pass a tree it supports)"
-            raise _bad("tree", f"{exc}{hint}") from None
+    tree = _tree(body.tree, draft, config)
 
     window = context_window(target)
     asked = body.max_completion_tokens if chat else None  # type: ignore[union-attr]
@@ -169,25 +159,48 @@ def plan_request(
             )
 
     seed = body.seed if body.seed is not None else secrets.randbits(63)
+    try:
+        request = Request(
+            prompt,
+            max_new_tokens=max_tokens,
+            seed=seed,
+            method=body.method or config.method,
+            tree=tree,
+            sampling=SamplingParams(
+                1.0 if body.temperature is None else body.temperature,
+                body.top_k,
+                body.top_p,
+                body.min_p,
+            ),
+            eos_token_id=list(getattr(target, "eos_token_ids", []) or []),
+        )
+        request.check_models(target, draft if tree is not None else None)
+    except ErsdError as exc:
+        param = where if exc.param == "prompt" else exc.param or "request"
+        hint = ""
+        if param == "tree":
+            hint = (
+                " (or 'none' for target-only decoding)"
+                if body.tree
+                else " (the server's default tree; pass a tree it supports)"
+            )
+        raise _bad(param, f"{exc}{hint}") from None
+    # a negative or oversized seed failed above for every n: choice i's seed is derived from it
     seeds = [seed] if body.n == 1 else [derive_seed(seed, i) for i in range(body.n)]
     return Plan(
         model_name=config.model_name,
-        prompt=prompt,
+        request=replace(request, seed=seeds[0]),
         seeds=seeds,
-        max_tokens=max_tokens,
-        method=meth.name,
-        shape=shape,
-        sampling=sampling,
-        eos=list(getattr(target, "eos_token_ids", []) or []),
         stops=body.stops(),
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
     )
 
 
-def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | AutoTree | None:
-    """The request's tree: its ``tree`` field, else the server's; ``"none"``: target-only;
-    ``"auto"``: chosen per step by predicted throughput at the live batch size."""
+def _tree(spec: str | None, draft: Any, config: ServeConfig) -> Any:
+    """The request's tree spec (parsed by the :class:`~ersd.request.Request`): its ``tree``
+    field, else the server's; ``"none"`` or no draft model: ``None`` (target-only).  Files
+    (``optimal:K@FILE``, ``auto@FILE``) are read only for the server's own ``--tree``."""
     if spec is not None and spec.strip().lower() == "none":
         return None
     if draft is None:
@@ -199,16 +212,11 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | Auto
             )
         return None
     if spec is None:
-        if config.tree is None or isinstance(config.tree, TreeShape | AutoTree):
-            return config.tree
-        return parse_auto(config.tree) or parse_tree(config.tree)
-    if "@" in spec:
+        return config.tree
+    if "@" in spec and not spec.strip().lower().startswith("dynamic"):
         raise _bad(
             "tree",
             "profile files are read on the server only; start the server with "
             "--tree optimal:K@FILE instead",
         )
-    try:
-        return parse_auto(spec) or parse_tree(spec)
-    except ErsdError as exc:
-        raise _bad("tree", f"{exc} (or 'none' for target-only decoding)") from None
+    return spec

@@ -111,14 +111,14 @@ def audit(
 ) -> AuditReport:
     """Check that ``text`` (generated token ids) is what ``target`` samples after ``prompt`` with
     ``seed`` and these settings (and ``watermark``): one target forward, every race re-derived."""
-    from ersd.generation import _check_model, make_noise
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.race import STREAM_RACE, extend_key, race_scores, root_key
+    from ersd.request import check_target
     from ersd.validation import check_seed, check_token_ids
-    from ersd.watermark.keyed import WatermarkKey
+    from ersd.watermark.keyed import WatermarkKey, race_noise
     from ersd.watermark.settings import check_watermark
 
-    _check_model(target, "target")
+    check_target(target)
     ids = check_token_ids(prompt, target.vocab_size)
     out = check_token_ids(text, target.vocab_size, name="text")
     seed = check_seed(seed)
@@ -137,7 +137,7 @@ def audit(
     close = getattr(session, "close", None)
     if callable(close):
         close()
-    noise = make_noise(target.vocab_size, wm)
+    noise = race_noise(target.vocab_size, wm)
     key: int = root_key(seed, ids)
     if wm is not None:
         key = WatermarkKey.root(key, wm, seed)

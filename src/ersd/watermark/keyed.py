@@ -105,3 +105,10 @@ class WatermarkNoise(RaceNoise):
             return super()._draw(int(key), stream)
         u = self.prf(key.salt).uniforms(key.window, self.vocab_size)
         return -np.log(u)  # U lies strictly inside (0, 1): E is finite and > 0
+
+
+def race_noise(vocab_size: int, watermark: Watermark | None, cache_size: int = 64) -> RaceNoise:
+    """The race noise of a generation: keyed by the watermark's secret when there is one."""
+    if watermark is None:
+        return RaceNoise(vocab_size, cache_size)
+    return WatermarkNoise(vocab_size, watermark, cache_size)

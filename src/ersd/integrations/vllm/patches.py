@@ -44,12 +44,6 @@ log = logging.getLogger(__name__)
 _MARK = "_ersd_patched"
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID for rejected positions
 
-#: Deliberately broken variants, for the tests that must catch them (never set otherwise):
-#: "row_keys" races every verification row of a request with the committed context's key (the
-#: draft tokens before the row are left out); "draft_noise" gives the drafter other noise than
-#: the verifier.
-TEST_BREAK: str | None = None
-
 
 class _RunnerState:
     """Per-runner ERSD bookkeeping (attached to the runner object)."""
@@ -87,6 +81,20 @@ def _ersd_requests(runner: Any, st: _RunnerState) -> list[tuple[int, str, ErsdRe
     return out
 
 
+def row_keys(key: int, drafts: list[int]) -> list[int]:
+    """Race keys of one request's verification rows: the committed context's ``key``, then
+    extended by each draft token before the row (row ``j`` races the context plus ``j`` drafts)."""
+    keys = [key]
+    for t in drafts:
+        keys.append(extend_key(keys[-1], t))
+    return keys
+
+
+def draft_winners(logits: Any, keys: list[int], params: list[ErsdRequestParams]) -> Any:
+    """The drafter's tokens: the verifier's race (:func:`race_winners`) at the same keys."""
+    return race_winners(logits, keys, params)
+
+
 def _committed_key(runner: Any, st: _RunnerState, rid: str, p: ErsdRequestParams) -> int:
     req = runner.requests[rid]
     if req.prompt_token_ids is None:
@@ -94,8 +102,6 @@ def _committed_key(runner: Any, st: _RunnerState, rid: str, p: ErsdRequestParams
             f"ERSD request {rid} has no prompt token ids (prompt embeddings?); ERSD keys its races "
             "by the token context, so send token or text prompts"
         )
-    if TEST_BREAK == "stale_key":
-        return st.keys.key(rid, p.seed, req.prompt_token_ids, [])
     return st.keys.key(rid, p.seed, req.prompt_token_ids, req.output_token_ids)
 
 
@@ -125,20 +131,20 @@ def patched_sample(orig: Any) -> Any:
                 f"ERSD plugin: {logits.shape[0]} logits rows but the batch layout says {r}; "
                 "this vLLM build lays out sampling rows differently from vLLM 0.32"
             )
-        rows, keys, params = [], [], []
+        rows: list[int] = []
+        keys: list[int] = []
+        params: list[ErsdRequestParams] = []
         base_keys: dict[int, int] = {}
         for i, rid, p in reqs:
             key = _committed_key(self, st, rid, p)
             base_keys[i] = key
-            for j in range(n_draft[i] + 1):
-                rows.append(starts_row[i] + j)
-                keys.append(key)
-                params.append(p)
-                if j < n_draft[i] and TEST_BREAK != "row_keys":
-                    key = extend_key(key, drafts[starts_draft[i] + j])
+            start = starts_draft[i]
+            keys.extend(row_keys(key, drafts[start : start + n_draft[i]]))
+            rows.extend(range(starts_row[i], starts_row[i] + n_draft[i] + 1))
+            params.extend([p] * (n_draft[i] + 1))
         layout = [(i, starts_row[i], starts_draft[i], n_draft[i]) for i, _, _ in reqs]
         idx = torch.tensor(rows, device=logits.device)
-        winners = race_winners(logits[idx], keys, params, broken=TEST_BREAK).to(logits.device)
+        winners = race_winners(logits[idx], keys, params).to(logits.device)
         one_hot = torch.full(
             (len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device
         )
@@ -221,8 +227,7 @@ def patched_sample_draft_tokens(orig: Any) -> Any:
         else:
             ids, probs = torch.empty(batch, dtype=torch.int64, device=hidden_states.device), None
         logits = self.model.compute_logits(hidden_states[mine])
-        keys = [rows[r][0] ^ (1 if TEST_BREAK == "draft_noise" else 0) for r in mine]
-        winners = race_winners(logits, keys, [rows[r][1] for r in mine])
+        winners = draft_winners(logits, [rows[r][0] for r in mine], [rows[r][1] for r in mine])
         ids[torch.tensor(mine, device=ids.device)] = winners.to(ids.device, ids.dtype)
         for r, w in zip(mine, winners.tolist(), strict=True):
             rows[r][0] = extend_key(rows[r][0], w)

@@ -65,12 +65,8 @@ def race_winners(
     logits: torch.Tensor,
     keys: Sequence[int],
     params: Sequence[ErsdRequestParams],
-    broken: str | None = None,
 ) -> torch.Tensor:
-    """Race winner of every row of ``logits`` (``[R, V]``, any device), as an int64 CPU tensor.
-
-    ``broken="gumbel_sign"`` is a deliberately wrong variant for the tests that must reject it:
-    ``argmax(log p + log E)``, the Gumbel form with the noise's sign flipped."""
+    """Race winner of every row of ``logits`` (``[R, V]``, any device), as an int64 CPU tensor."""
     n_rows, vocab = logits.shape
     if n_rows != len(keys) or n_rows != len(params):
         raise ValueError(f"{n_rows} rows but {len(keys)} keys and {len(params)} params")
@@ -88,9 +84,11 @@ def race_winners(
         else:
             t = torch.tensor(idx, device=rows.device)
             probs[t] = logits_to_probs(rows[t], sampling)
-    e = race_exponentials(keys, vocab, rows.device)
-    if broken == "gumbel_sign":
-        return torch.argmax(torch.log(probs) + torch.log(e), dim=-1).cpu()
+    return race_argmin(probs, race_exponentials(keys, vocab, rows.device))
+
+
+def race_argmin(probs: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """The race: ``argmin(E / p)`` per row, as an int64 CPU tensor."""
     return torch.argmin(e / probs, dim=-1).cpu()
 
 

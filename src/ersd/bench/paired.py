@@ -1,5 +1,6 @@
-#!/usr/bin/env python
 """ERSD trees against SD's chain on the *same* target texts (issue 16): a paired estimate.
+
+A tested estimator (``tests/test_paired_trees.py``), run as ``python -m ersd.bench.paired``.
 
 At T > 0 every method samples its own text, so a benchmark compares block efficiencies measured on
 different texts, and on a few dozen prompts its intervals are wider (±10-25%) than the gaps that
@@ -24,7 +25,7 @@ calibrate`` would. Per prompt, ``tokens / calls`` of each configuration and its 
 Student-t 95% intervals over prompts. Predicted tokens/s ratios use forward-time curves
 (``--costs``: a calibration file) with the simulated tree sizes and draft forwards.
 
-    python scripts/paired_trees.py --prompts 10 --calib-prompts 8 --tokens 64 \
+    python -m ersd.bench.paired --prompts 10 --calib-prompts 8 --tokens 64 \
         --temperatures 0.7 1.0 --budget 8 --sharpness 1.0 1.3 --repeats 2 --out paired.json
 """
 
@@ -288,7 +289,7 @@ def main() -> None:
                 simulate(rec, ids, text, path, keys, ERSD(beta), chain, params, vocab)
             tables[beta] = rec.table
         print(f"[T={temp}] margin tables recorded ({time.time() - t_start:.0f}s)", flush=True)
-        configs = []
+        configs: list[tuple[str, Any, TreeShape, Any]] = []
         for beta in args.sharpness:
             configs.append((f"ERSD chain:{k} beta={beta:g}", ModelDrafter(draft), chain, beta))
             if beta in tables:
@@ -350,11 +351,11 @@ def main() -> None:
                 }
             )
             print(f"[T={temp}] prompt {i} done ({time.time() - t_start:.0f}s)", flush=True)
-        summary = {}
+        summary: dict[str, dict[str, Any]] = {}
         for name, rows in per.items():
             by_prompt: dict[int, list[dict[str, float]]] = defaultdict(list)
             for row in rows:
-                by_prompt[row["prompt"]].append(row)
+                by_prompt[int(row["prompt"])].append(row)
             be, ratio, rate_ratio = [], [], []
             sd_k = int(rows[0].get("sd_budget", k))
             sd_call_time = costs.target_cost(sd_k + 1) + sd_k * costs.draft_cost(1)

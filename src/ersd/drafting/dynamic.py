@@ -46,7 +46,7 @@ from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
-from ersd.tree import TreeShape
+from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeShape, check_tree_size
 
 _SPEC = re.compile(r"\s*(dynamic|dynamic-cost)\s*:\s*([1-9][0-9]*)\s*(?:@\s*([1-9][0-9]*)\s*)?")
 
@@ -66,9 +66,20 @@ class DynamicSpec:
 
 def check_budget(budget: Any, max_depth: Any) -> None:
     """A dynamic drafter's budget and depth cap (None: the budget) must be integers >= 1."""
-    for name, v in (("budget", budget), ("max_depth", max_depth)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+    for name, v, bound in (
+        ("budget", budget, MAX_TREE_NODES),
+        ("max_depth", max_depth, MAX_TREE_DEPTH),
+    ):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound):
+            raise GenerationInputError(
+                f"{name} must be an integer in 1..{bound} (ersd.tree's default bound on draft "
+                f"trees), got {v!r}"
+            )
+    if max_depth is None and isinstance(budget, int) and budget > MAX_TREE_DEPTH:
+        raise GenerationInputError(
+            f"a budget of {budget} tokens needs a depth cap of at most {MAX_TREE_DEPTH} "
+            f"(max_depth=, or 'dynamic:{budget}@16')"
+        )
 
 
 def parse_dynamic(spec: Any) -> DynamicSpec | None:
@@ -81,9 +92,15 @@ def parse_dynamic(spec: Any) -> DynamicSpec | None:
             f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
             "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
         )
-    return DynamicSpec(
-        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
+    budget, cap = m.group(2), m.group(3)
+    check_tree_size(
+        f"tree spec {spec!r}",
+        int(budget) if len(budget) <= 9 else MAX_TREE_NODES + 1,
+        int(cap or budget) if len(cap or budget) <= 9 else MAX_TREE_DEPTH + 1,
+        max_nodes=MAX_TREE_NODES,
+        max_depth=MAX_TREE_DEPTH,
     )
+    return DynamicSpec(int(budget), int(cap) if cap else None, m.group(1) == "dynamic-cost")
 
 
 @dataclass(frozen=True)

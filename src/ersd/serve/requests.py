@@ -17,7 +17,7 @@ from ersd.errors import ErsdError
 from ersd.methods import get_method
 from ersd.probs import SamplingParams
 from ersd.serve import protocol as P
-from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
+from ersd.tree import MAX_TREE_DEPTH, AutoTree, TreeShape, parse_auto, parse_tree
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
 COMPLETIONS_MAX_TOKENS = 16
@@ -52,6 +52,8 @@ class ServeConfig:
     max_queue: int = 64
     max_tokens: int = 256  # chat's default max_tokens (capped by the context window)
     shutdown_timeout: float = 10.0
+    #: largest draft tree a request may ask for (nodes; its depth is bounded by the same number)
+    max_tree_nodes: int = 64
 
 
 @dataclass
@@ -201,7 +203,7 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | Auto
     if spec is None:
         if config.tree is None or isinstance(config.tree, TreeShape | AutoTree):
             return config.tree
-        return parse_auto(config.tree) or parse_tree(config.tree)
+        return parse_auto(config.tree) or parse_tree(config.tree, **_limits(config))
     if "@" in spec:
         raise _bad(
             "tree",
@@ -209,6 +211,12 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> TreeShape | Auto
             "--tree optimal:K@FILE instead",
         )
     try:
-        return parse_auto(spec) or parse_tree(spec)
+        return parse_auto(spec) or parse_tree(spec, **_limits(config))
     except ErsdError as exc:
         raise _bad("tree", f"{exc} (or 'none' for target-only decoding)") from None
+
+
+def _limits(config: ServeConfig) -> dict[str, int]:
+    """The server's tree bound (``--max-tree-nodes``) as :func:`parse_tree` takes it."""
+    n = config.max_tree_nodes
+    return {"max_nodes": n, "max_depth": min(n, MAX_TREE_DEPTH)}

@@ -17,6 +17,7 @@ from ersd.errors import ErsdError
 from ersd.methods import get_method
 from ersd.probs import SamplingParams
 from ersd.serve import protocol as P
+from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
 from ersd.tree import MAX_TREE_DEPTH, AutoTree, TreeShape, parse_auto, parse_tree
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
@@ -54,6 +55,12 @@ class ServeConfig:
     shutdown_timeout: float = 10.0
     #: largest draft tree a request may ask for (nodes; its depth is bounded by the same number)
     max_tree_nodes: int = 64
+    #: requests to /v1 need ``Authorization: Bearer <api_key>`` (None: open; see serve.guard)
+    api_key: str | None = None
+    #: bodies beyond this many bytes get HTTP 413
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: /health answers 503 when the engine had work but made no progress for this many seconds
+    stall_timeout: float = 60.0
 
 
 @dataclass

@@ -13,10 +13,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from ersd.errors import ErsdError
+from ersd.serve.requests import ApiError
 
 
 class NoChatTemplateError(ErsdError):
     """The served model's tokenizer has no chat template."""
+
+
+def check_text(param: str, text: str) -> str:
+    """``text`` if it can be encoded as UTF-8; a lone surrogate (``"\\ud800"`` in JSON) is
+    refused with HTTP 400 naming the field and the position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            400,
+            f"{param}: character {exc.start} is a lone UTF-16 surrogate "
+            f"({text[exc.start]!r}), which is not text; send valid Unicode (a surrogate pair "
+            "must be complete)",
+            param=param,
+        ) from None
+    return text
 
 
 def prompt_ids(tokenizer: Any, text: str) -> list[int]:

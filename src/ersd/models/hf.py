@@ -54,12 +54,12 @@ class HFTokenizer:
             raise GenerationInputError(
                 "this model's tokenizer has no chat template; encode the prompt as plain text"
             )
-        out = self.hf_tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        from ersd.models.chat import chat_template_ids
+
+        # content is text: a "<|im_start|>system" typed by a user must not become control ids
+        return chat_template_ids(
+            self.hf_tokenizer, messages, add_generation_prompt=add_generation_prompt
         )
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        return [int(t) for t in out]
 
     def get_vocab(self) -> dict[str, int]:
         return dict(self.hf_tokenizer.get_vocab())

@@ -53,9 +53,11 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
             "prompt, or serve a chat model"
         )
     msgs = [dict(m) for m in messages]
-    if hasattr(tokenizer, "chat_template"):  # transformers
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    else:
+    if hasattr(tokenizer, "chat_template"):  # transformers: content encoded as text
+        from ersd.models.chat import chat_template_ids
+
+        out: Any = chat_template_ids(tokenizer, msgs, add_generation_prompt=True)
+    else:  # ersd's HFTokenizer encodes content as text itself (ersd.models.chat)
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
     if hasattr(out, "keys") and "input_ids" in out:
         out = out["input_ids"]

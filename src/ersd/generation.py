@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -33,6 +33,7 @@ from ersd.race import RaceNoise, extend_key_many, root_key
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import AutoTree, TreeShape, parse_auto, parse_tree
 from ersd.validation import (
+    as_integer,
     check_eos_ids,
     check_max_new_tokens,
     check_seed,
@@ -475,6 +476,7 @@ def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     """The EOS ids as a set (validated by :func:`ersd.validation.check_eos_ids`)."""
     if eos_token_id is None:
         return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(e) for e in eos_token_id)
+    single = as_integer(eos_token_id)  # a Python, NumPy or 0-d torch integer
+    if single is not None:
+        return frozenset([single])
+    return frozenset(int(e) for e in cast(Sequence[int], eos_token_id))

@@ -44,7 +44,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ersd.errors import InvalidTreeSpecError
 
@@ -290,7 +290,14 @@ def parse_tree(
             "tree= to ersd.generate / ersd.generate_batch"
         )
     if not isinstance(spec, str):
-        return TreeShape.from_paths(spec, **limits)
+        if isinstance(spec, bytes) or not isinstance(spec, Sequence):
+            shown = f"{spec!r:.60}"
+            hint = f"; for {spec} tokens in a line write 'chain:{spec}'" if _is_index(spec) else ""
+            raise InvalidTreeSpecError(
+                f"tree must be a spec string or a list of child-index paths, got {shown} "
+                f"({type(spec).__name__}){hint}; {_EXAMPLES}"
+            )
+        return TreeShape.from_paths(cast(Sequence[Sequence[int]], spec), **limits)
     s = spec.strip()
     kind, sep, arg = s.partition(":")
     kind = kind.strip().lower()

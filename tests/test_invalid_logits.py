@@ -62,3 +62,30 @@ def test_check_scored_logits_accepts_a_masked_vocabulary_only() -> None:
     dead[1] = float("-inf")
     with pytest.raises(InvalidLogitsError, match="all -inf"):
         check_scored_logits(dead, "m")
+
+
+@pytest.mark.realmodel
+def test_llamacpp_nan_logits_raise_naming_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp quantizes activations (a NaN norm weight comes out as finite garbage), so its
+    NaN logits are simulated at the one place they come from: the context's logits rows."""
+    import importlib.util
+
+    import numpy as np
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (pip install 'ersd[llamacpp]')")
+    from ersd.models import llamacpp_session
+
+    model = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=256)
+    healthy = ersd.generate(model, None, [1, 2, 3], max_new_tokens=2, seed=0)
+    assert len(healthy.tokens) == 2
+    real = llamacpp_session._Context.logits
+
+    def nan_logits(self: object, i: int) -> np.ndarray:
+        row = real(self, i)  # type: ignore[arg-type]
+        row[7] = np.nan
+        return row
+
+    monkeypatch.setattr(llamacpp_session._Context, "logits", nan_logits)
+    with pytest.raises(InvalidLogitsError, match=rf"'{model.name}' returned NaN logits"):
+        ersd.generate(model, None, [4, 5, 6], max_new_tokens=2, seed=0)

@@ -237,12 +237,32 @@ def test_non_streaming_client_that_leaves_is_cancelled(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.1)
+        deadline = time.monotonic() + 10  # its row is freed at the next step ...
+        while metric(url, f"vllm:num_requests_running{M}") != 0:
+            assert time.monotonic() < deadline, "the row was not freed"
+            time.sleep(0.05)
         steps = metric(url, f"ersd:engine_steps_total{M}")
-        time.sleep(1.0)  # its row is freed: no more steps
+        time.sleep(1.0)  # ... and no step runs after it
         assert metric(url, f"ersd:engine_steps_total{M}") == steps
-        assert metric(url, f"vllm:num_requests_running{M}") == 0
         assert metric(url, f'vllm:request_success_total{{finished_reason="length",{M[1:]}') == 0
         assert "client disconnected; request cancelled" in log.read_text()
+        # a stream whose client leaves after its first event: cancelled and counted too
+        body = {"model": "toy", "prompt": "hey", "max_tokens": 5000, "stream": True}
+        req = urllib.request.Request(
+            f"{url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.readline().startswith(b"data:")
+        deadline = time.monotonic() + 10
+        while metric(url, f"ersd:requests_cancelled_total{M}") < 2:
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while metric(url, f"vllm:num_requests_running{M}") != 0:
+            assert time.monotonic() < deadline, "the stream's row was not freed"
+            time.sleep(0.1)
     finally:
         stop(proc)
 
@@ -344,5 +364,6 @@ def test_sigterm_under_load_ends_every_request_explicitly(tmp_path: Path) -> Non
         assert results["short"] == 200  # it finished within the shutdown timeout
         assert code in (0, -signal.SIGTERM), log.read_text()[-3000:]
         assert "Traceback" not in log.read_text()
+        assert "client disconnected" not in log.read_text()  # ended by the server, not the client
     finally:
         stop(proc)

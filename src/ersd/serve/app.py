@@ -299,6 +299,8 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
             **head, choices=[P.CompletionChoice(index=i, text=text or "", finish_reason=reason)]
         )
 
+    metrics: Metrics = call.app.state.metrics
+    ended = False  # False in the finally: the client left mid-stream (the task was cancelled)
     try:
         if chat:
             for i in range(len(call.jobs)):
@@ -315,14 +317,23 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
         if plan.include_usage:
             cls: Any = P.ChatCompletionChunk if chat else P.Completion
             yield {"data": cls(**head, choices=[], usage=call.usage()).model_dump_json()}
+        ended = True
     except ApiError as exc:
+        ended = True
+        if exc.status >= 500:
+            metrics.errors.labels(metrics.model_name).inc()
         err = P.ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
         yield {"data": P.ErrorResponse(error=err).model_dump_json()}
     except Exception as exc:
+        ended = True
+        metrics.errors.labels(metrics.model_name).inc()
         log.exception("%s: stream failed", call.id)
         err = P.ErrorDetail(message=f"internal error: {exc}", type="server_error")
         yield {"data": P.ErrorResponse(error=err).model_dump_json()}
     finally:  # a client gone before the first event still frees its rows
+        if not ended:
+            metrics.cancelled.labels(metrics.model_name).inc()
+            log.info("%s: client disconnected; stream cancelled, its rows freed", call.id)
         call.app.state.serving.cancel(call.jobs)
     yield {"data": "[DONE]"}
 

@@ -64,12 +64,44 @@ def test_damaged_folder_is_reported_and_repaired(env, damage, problem: str) -> N
     assert bundled.status("fake-3part").state == "prepared"
 
 
-def test_same_size_corruption_is_found_by_verify(env) -> None:
-    folder = _prepared(env)
-    weights = folder / "model.safetensors"
+def _flip_last_byte(weights: Path) -> None:
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # a flipped bit in the tensor data: same size, header intact
     weights.write_bytes(bytes(data))
+
+
+def test_same_size_corruption_is_found_at_the_next_load(env) -> None:
+    """Issue 29: a few bytes changed inside the weights (same size) made the cache say
+    "prepared" and the model print empty text.  The file's modification time changed since it
+    was hashed, so the cheap check hashes it again, finds the damage and prepare repairs it."""
+    folder = _prepared(env)
+    _flip_last_byte(folder / "model.safetensors")
+    st = bundled.status("fake-3part")
+    assert st.state == "damaged", st
+    assert st.problems == [
+        "model.safetensors does not match the sha256 recorded when it was written"
+    ]
+    assert bundled.prepare("fake-3part", progress=False) == folder
+    assert ("convert", "fake-3part") in env["calls"]  # converted again
+    assert bundled.check_folder(folder, bundled.get_bundled("fake-3part"), hashes=True).ok
+
+
+def test_a_touched_intact_file_is_hashed_once_then_trusted(env) -> None:
+    folder = _prepared(env)
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(time.time_ns(), time.time_ns() + 10**9))
+    model = bundled.get_bundled("fake-3part")
+    assert bundled.check_folder(folder, model).touched == ["model.safetensors"]
+    assert bundled.prepare("fake-3part", progress=False) == folder and env["calls"] == []
+    assert bundled.check_folder(folder, model).touched == []  # its new time was recorded
+
+
+def test_corruption_hiding_its_modification_time_is_found_by_verify(env) -> None:
+    folder = _prepared(env)
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+    _flip_last_byte(weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert bundled.status("fake-3part").state == "prepared"  # the cheap check cannot see it
     assert bundled.prepare("fake-3part", progress=False) == folder
     assert env["calls"] == []
@@ -263,9 +295,10 @@ def test_cli_list_shows_damage_and_fix(env) -> None:
 
 def test_cli_prepare_verifies_hashes_by_default(env) -> None:
     folder = bundled.prepare("fake-3part", progress=False)
-    data = bytearray((folder / "model.safetensors").read_bytes())
-    data[-1] ^= 1
-    (folder / "model.safetensors").write_bytes(bytes(data))
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+    _flip_last_byte(weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # only a full hash sees it
     env["calls"].clear()
     assert (
         CliRunner()

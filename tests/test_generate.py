@@ -129,8 +129,27 @@ def test_bad_input_names_the_fix(pair) -> None:
         ersd.generate(target, draft, [1], max_new_tokens=3, tree="chain:")
     with pytest.raises(GenerationInputError, match="model with .vocab_size"):
         ersd.generate(object(), draft, [1], max_new_tokens=3)  # type: ignore[arg-type]
-    all_errors_are_value_errors = issubclass(ersd.ErsdError, ValueError)
-    assert all_errors_are_value_errors
+    # issue 29: an int tree was a raw TypeError
+    with pytest.raises(ersd.InvalidTreeSpecError, match="write 'chain:4'"):
+        ersd.generate(target, draft, [1], max_new_tokens=3, tree=4)  # type: ignore[arg-type]
+    with pytest.raises(ersd.InvalidTreeSpecError, match=r"got None \(NoneType\)"):
+        ersd.generate(target, draft, [1], max_new_tokens=3, tree=None)  # type: ignore[arg-type]
+
+
+def test_numpy_integer_eos_acts_like_the_int(pair) -> None:
+    """Issue 29: ``eos_token_id=np.int64(k)`` was a raw TypeError; it must stop where ``k``
+    does."""
+    import numpy as np
+
+    target, draft = pair
+    free = ersd.generate(target, draft, [1], max_new_tokens=12, tree="chain:3", seed=3)
+    eos = free.tokens[4]
+    cut = free.tokens.index(eos) + 1
+    for value in (eos, np.int64(eos), np.int32(eos), torch.tensor(eos)):
+        out = ersd.generate(
+            target, draft, [1], max_new_tokens=12, tree="chain:3", seed=3, eos_token_id=value
+        )
+        assert out.tokens == free.tokens[:cut] and out.finish_reason == "eos", value
 
 
 def test_nan_logits_are_reported() -> None:

@@ -104,8 +104,22 @@ def test_bad_vocab_size() -> None:
         RaceNoise(0)
 
 
-def test_stream_constants_are_distinct() -> None:
-    assert STREAM_RACE != STREAM_DRAFT
+def test_streams_of_one_key_are_independent_and_reproducible() -> None:
+    """The race and the draft lanes of one context draw from different streams: equal draws
+    would correlate a baseline's draft with the target's race."""
+    noise, other = RaceNoise(1000), RaceNoise(1000)
+    key = root_key(5, [1, 2, 3])
+    race, lane0, lane1 = (
+        noise.exponentials(key, s) for s in (STREAM_RACE, STREAM_DRAFT, STREAM_DRAFT + 1)
+    )
+    assert torch.equal(
+        race, other.exponentials(key, STREAM_RACE)
+    )  # a pure function of (key, stream)
+    for a, b in ((race, lane0), (race, lane1), (lane0, lane1)):
+        assert not torch.equal(a, b)
+        assert (
+            abs(stats.pearsonr(a.numpy(), b.numpy())[0]) < 0.15
+        )  # |r| of 1000 i.i.d. pairs: sd ~0.03
 
 
 def test_ranking_of_one_takes_the_same_token_as_the_general_path() -> None:

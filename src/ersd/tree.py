@@ -27,6 +27,13 @@ Spec strings (:func:`parse_tree`):
   :func:`parse_auto` reads it into an :class:`AutoTree`; :func:`parse_tree` refuses it, since it
   names no fixed shape.
 
+**Size bounds.**  A tree has at most :data:`MAX_TREE_NODES` nodes and depth at most
+:data:`MAX_TREE_DEPTH` unless the caller raises them (``max_nodes=`` / ``max_depth=`` of
+:func:`parse_tree` and :meth:`TreeShape.from_paths`; ``ersd serve --max-tree-nodes`` lowers them
+per server).  Spec strings are checked from their numbers before anything is built, so
+``chain:100000`` is refused at once instead of filling memory; generated kinds (chain, multi,
+batch) are built directly in topological order, in time linear in the size of their paths.
+
 Nodes are stored in topological order (by depth, then path); ``parents[i]`` is the index of node
 ``i``'s parent, ``-1`` for children of the root.  Depths, ancestor masks, position offsets and
 root-to-leaf paths are derived from a parent list by the functions at the end of this module.
@@ -38,17 +45,42 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ersd.errors import InvalidTreeSpecError
 
 if TYPE_CHECKING:  # torch only for ancestor_mask, imported there
     import torch
 
+#: default bound on a draft tree's nodes (far beyond what pays off: trees of 4-64 nodes do)
+MAX_TREE_NODES = 256
+#: default bound on a draft tree's depth (the longest root-to-leaf path)
+MAX_TREE_DEPTH = 128
+
 _EXAMPLES = (
     "valid examples: 'chain:4', 'multi:2x3', 'batch:4', 'binary:6', 'optimal:8@calib.json', "
     "'paths:[[0],[1],[0,0]]'"
 )
+
+
+def check_tree_size(
+    what: str, nodes: int, depth: int, *, max_nodes: int | None, max_depth: int | None
+) -> None:
+    """Refuse a tree of ``nodes`` nodes and depth ``depth`` beyond the bounds (None: unbounded);
+    ``what`` names it in the message."""
+    over = []
+    if max_nodes is not None and nodes > max_nodes:
+        over.append(f"{nodes} nodes (limit {max_nodes})")
+    if max_depth is not None and depth > max_depth:
+        over.append(f"depth {depth} (limit {max_depth})")
+    if over:
+        raise InvalidTreeSpecError(
+            f"{what} has {' and '.join(over)}; draft trees beyond a few dozen nodes only cost "
+            "time and memory. Use a smaller tree (e.g. 'chain:8', 'multi:2x4'). The library's "
+            f"default limits ({MAX_TREE_NODES} nodes, depth {MAX_TREE_DEPTH}) are raised with "
+            "max_nodes= / max_depth= of ersd.parse_tree; a server's with `ersd serve "
+            "--max-tree-nodes`"
+        )
 
 
 def check_paths(
@@ -122,21 +154,68 @@ class TreeShape:
         object.__setattr__(self, "children", tuple(tuple(k) for k in kids))
 
     @classmethod
-    def from_paths(cls, paths: Sequence[Sequence[int]]) -> TreeShape:
-        """Validate and sort a list of child-index paths."""
+    def from_paths(
+        cls,
+        paths: Sequence[Sequence[int]],
+        *,
+        max_nodes: int | None = MAX_TREE_NODES,
+        max_depth: int | None = MAX_TREE_DEPTH,
+    ) -> TreeShape:
+        """Validate and sort a list of child-index paths (refused beyond the size bounds)."""
+        if isinstance(paths, Sequence) and not isinstance(paths, str | bytes):
+            depth = max((len(p) for p in paths if isinstance(p, Sequence)), default=0)
+            check_tree_size("the tree", len(paths), depth, max_nodes=max_nodes, max_depth=max_depth)
         return cls(tuple(sorted(check_paths(paths), key=lambda t: (len(t), t))))
 
     @classmethod
-    def chain(cls, k: int) -> TreeShape:
-        return cls.from_paths([(0,) * d for d in range(1, k + 1)])
+    def chain(
+        cls,
+        k: int,
+        *,
+        max_nodes: int | None = MAX_TREE_NODES,
+        max_depth: int | None = MAX_TREE_DEPTH,
+    ) -> TreeShape:
+        return cls.multi(1, k, max_nodes=max_nodes, max_depth=max_depth)
 
     @classmethod
-    def multi(cls, m: int, length: int) -> TreeShape:
-        return cls.from_paths([(r,) + (0,) * d for r in range(m) for d in range(length)])
+    def multi(
+        cls,
+        m: int,
+        length: int,
+        *,
+        max_nodes: int | None = MAX_TREE_NODES,
+        max_depth: int | None = MAX_TREE_DEPTH,
+    ) -> TreeShape:
+        """``m`` chains of ``length`` under the root; built in topological order directly (valid
+        by construction: no sort, no re-validation), after the size check."""
+        if m < 1 or length < 1:
+            raise InvalidTreeSpecError(f"multi needs m, length >= 1, got {m} x {length}")
+        check_tree_size(
+            f"a tree of {m} x {length}",
+            m * length,
+            length,
+            max_nodes=max_nodes,
+            max_depth=max_depth,
+        )
+        zeros = [(0,) * d for d in range(length)]
+        return cls(tuple((r, *zeros[d]) for d in range(length) for r in range(m)))
 
     @classmethod
-    def binary(cls, k: int) -> TreeShape:
+    def binary(
+        cls,
+        k: int,
+        *,
+        max_nodes: int | None = MAX_TREE_NODES,
+        max_depth: int | None = MAX_TREE_DEPTH,
+    ) -> TreeShape:
         """First ``k`` nodes of a complete binary tree, breadth first."""
+        check_tree_size(
+            f"a binary tree of {k} nodes",
+            k,
+            k.bit_length(),
+            max_nodes=max_nodes,
+            max_depth=max_depth,
+        )
         paths: list[tuple[int, ...]] = []
         frontier: list[tuple[int, ...]] = [()]
         while len(paths) < k:
@@ -147,7 +226,7 @@ class TreeShape:
                         paths.append((*base, c))
                         nxt.append((*base, c))
             frontier = nxt
-        return cls.from_paths(paths)
+        return cls.from_paths(paths, max_nodes=None, max_depth=None)
 
     @property
     def num_nodes(self) -> int:
@@ -183,11 +262,23 @@ class TreeShape:
         return self.spec
 
 
-def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> TreeShape:
+def parse_tree(
+    spec: str | TreeShape | AutoTree | Sequence[Sequence[int]],
+    *,
+    max_nodes: int | None = MAX_TREE_NODES,
+    max_depth: int | None = MAX_TREE_DEPTH,
+) -> TreeShape:
     """Parse a fixed-shape spec string (see module docstring), a path list or a
     :class:`TreeShape`; ``optimal:K[@FILE]`` needs a rank profile and is resolved one layer up,
-    by :func:`ersd.parse_tree` (:mod:`ersd.tree_spec`)."""
+    by :func:`ersd.parse_tree` (:mod:`ersd.tree_spec`).
+
+    Trees beyond ``max_nodes`` nodes or depth ``max_depth`` (None: unbounded) raise
+    :class:`InvalidTreeSpecError` naming the limit; a spec string is checked from its numbers
+    before the tree is built.
+    """
+    limits = dict(max_nodes=max_nodes, max_depth=max_depth)
     if isinstance(spec, TreeShape):
+        check_tree_size(f"tree {spec.spec[:60]!r}", spec.num_nodes, spec.depth, **limits)
         return spec
     if isinstance(spec, AutoTree):
         raise InvalidTreeSpecError(
@@ -195,7 +286,14 @@ def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> Tr
             "tree= to ersd.generate / ersd.generate_batch"
         )
     if not isinstance(spec, str):
-        return TreeShape.from_paths(spec)
+        if isinstance(spec, bytes) or not isinstance(spec, Sequence):
+            shown = f"{spec!r:.60}"
+            hint = f"; for {spec} tokens in a line write 'chain:{spec}'" if _is_index(spec) else ""
+            raise InvalidTreeSpecError(
+                f"tree must be a spec string or a list of child-index paths, got {shown} "
+                f"({type(spec).__name__}){hint}; {_EXAMPLES}"
+            )
+        return TreeShape.from_paths(cast(Sequence[Sequence[int]], spec), **limits)
     s = spec.strip()
     kind, sep, arg = s.partition(":")
     kind = kind.strip().lower()
@@ -209,17 +307,23 @@ def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> Tr
             raise InvalidTreeSpecError(
                 f"tree spec {spec!r}: '{kind}:' takes a positive integer, e.g. '{kind}:4'"
             )
-        k = int(arg)
+        k = _count(spec, arg)
+        depth = {"chain": k, "batch": 1, "binary": k.bit_length()}[kind]
+        check_tree_size(f"tree spec {spec!r}", k, depth, **limits)
         if kind == "chain":
-            return TreeShape.chain(k)
-        return TreeShape.multi(k, 1) if kind == "batch" else TreeShape.binary(k)
+            return TreeShape.chain(k, max_nodes=None, max_depth=None)
+        if kind == "batch":
+            return TreeShape.multi(k, 1, max_nodes=None, max_depth=None)
+        return TreeShape.binary(k, max_nodes=None, max_depth=None)
     if kind == "multi":
         m = re.fullmatch(r"([1-9][0-9]*)\s*[xX]\s*([1-9][0-9]*)", arg)
         if not m:
             raise InvalidTreeSpecError(
                 f"tree spec {spec!r}: 'multi:' takes MxL (M drafts of L tokens), e.g. 'multi:2x3'"
             )
-        return TreeShape.multi(int(m.group(1)), int(m.group(2)))
+        lanes, length = _count(spec, m.group(1)), _count(spec, m.group(2))
+        check_tree_size(f"tree spec {spec!r}", lanes * length, length, **limits)
+        return TreeShape.multi(lanes, length, max_nodes=None, max_depth=None)
     if kind == "paths":
         try:
             paths = json.loads(arg)
@@ -232,7 +336,7 @@ def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> Tr
             raise InvalidTreeSpecError(
                 f"tree spec {spec!r}: 'paths:' takes a JSON list of lists, e.g. 'paths:[[0],[1]]'"
             )
-        return TreeShape.from_paths(paths)
+        return TreeShape.from_paths(paths, **limits)
     if kind == "optimal":
         raise InvalidTreeSpecError(
             f"tree spec {spec!r} needs a rank profile: parse it with ersd.parse_tree "
@@ -245,6 +349,17 @@ def parse_tree(spec: str | TreeShape | AutoTree | Sequence[Sequence[int]]) -> Tr
             "ersd.tree.parse_auto"
         )
     raise InvalidTreeSpecError(f"unknown tree kind {kind!r} in {spec!r}; {_EXAMPLES}")
+
+
+def _count(spec: str, digits: str) -> int:
+    """A count of a spec string (digits only: checked by the caller's pattern), refused before
+    ``int()`` when it has more digits than any bound allows."""
+    if len(digits) > 9:
+        raise InvalidTreeSpecError(
+            f"tree spec {spec!r}: {digits[:12]}... is far beyond any tree size; the default limit "
+            f"is {MAX_TREE_NODES} nodes and depth {MAX_TREE_DEPTH}"
+        )
+    return int(digits)
 
 
 @dataclass(frozen=True)

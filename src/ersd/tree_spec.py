@@ -26,7 +26,7 @@ from ersd import tree as shapes
 from ersd.errors import InvalidTreeSpecError
 from ersd.theory.profile import RankProfileError, tree_depth_probs
 from ersd.theory.trees import optimal_tree_by_depth
-from ersd.tree import AutoTree, TreeShape, parse_auto
+from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, AutoTree, TreeShape, check_tree_size, parse_auto
 
 #: what a ``tree=`` argument may be
 TreeArg = str | TreeShape | AutoTree | Sequence[Sequence[int]]
@@ -57,9 +57,15 @@ def parse_dynamic(spec: Any) -> DynamicSpec | None:
             f"tree spec {spec!r}: dynamic trees are 'dynamic:K' (K drafted tokens per step), "
             "'dynamic:K@D' (depth cap D) or 'dynamic-cost:K[@D]' (cost-aware), e.g. 'dynamic:8'"
         )
-    return DynamicSpec(
-        int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(1) == "dynamic-cost"
+    budget, cap = m.group(2), m.group(3)
+    check_tree_size(
+        f"tree spec {spec!r}",
+        int(budget) if len(budget) <= 9 else MAX_TREE_NODES + 1,
+        int(cap or budget) if len(cap or budget) <= 9 else MAX_TREE_DEPTH + 1,
+        max_nodes=MAX_TREE_NODES,
+        max_depth=MAX_TREE_DEPTH,
     )
+    return DynamicSpec(int(budget), int(cap) if cap else None, m.group(1) == "dynamic-cost")
 
 
 def parse_tree(
@@ -67,6 +73,8 @@ def parse_tree(
     *,
     profile: Any = None,
     temperature: float | None = None,
+    max_nodes: int | None = MAX_TREE_NODES,
+    max_depth: int | None = MAX_TREE_DEPTH,
 ) -> TreeShape:
     """One fixed shape: a spec string (:mod:`ersd.tree`), a path list, a :class:`TreeShape`, or
     ``optimal:K[@FILE]`` resolved here.
@@ -74,23 +82,29 @@ def parse_tree(
     ``profile`` (for ``optimal:K`` without ``@FILE``): a :class:`ersd.theory.RankProfile`, a rank
     vector, a list of per-depth rank vectors, or a profile / calibration file path.
     ``temperature`` picks the profile of a calibration file (nearest calibrated temperature; None:
-    the lowest).
+    the lowest).  Trees beyond ``max_nodes`` nodes or depth ``max_depth`` (None: unbounded) are
+    refused naming the limit (:func:`ersd.tree.check_tree_size`).
     """
+    limits: dict[str, Any] = dict(max_nodes=max_nodes, max_depth=max_depth)
     if isinstance(spec, str):
         kind, _, arg = spec.strip().partition(":")
         if kind.strip().lower() == "optimal":
-            return _optimal(spec, arg.strip(), profile, temperature)
-    return shapes.parse_tree(spec)
+            return _optimal(spec, arg.strip(), profile, temperature, limits)
+    return shapes.parse_tree(spec, **limits)
 
 
-def _optimal(spec: str, arg: str, profile: Any, temperature: float | None) -> TreeShape:
+def _optimal(
+    spec: str, arg: str, profile: Any, temperature: float | None, limits: dict[str, Any]
+) -> TreeShape:
     m = re.fullmatch(r"([1-9][0-9]*)\s*(?:@\s*(.+?)\s*)?", arg)
     if not m:
         raise InvalidTreeSpecError(
             f"tree spec {spec!r}: 'optimal:' takes a node count and optionally a profile file, "
             "e.g. 'optimal:8' or 'optimal:8@profile.json'"
         )
-    k, source = int(m.group(1)), m.group(2)
+    digits, source = m.group(1), m.group(2)
+    k = int(digits) if len(digits) <= 9 else MAX_TREE_NODES + 1
+    check_tree_size(f"tree spec {spec!r}", k, 1, max_nodes=limits["max_nodes"], max_depth=None)
     prof = source if source else profile
     if prof is None:
         raise InvalidTreeSpecError(
@@ -101,7 +115,7 @@ def _optimal(spec: str, arg: str, profile: Any, temperature: float | None) -> Tr
         probs = tree_depth_probs(prof, temperature)
     except RankProfileError as exc:
         raise InvalidTreeSpecError(f"tree spec {spec!r}: {exc}") from None
-    return TreeShape.from_paths(optimal_tree_by_depth(probs, k))
+    return TreeShape.from_paths(optimal_tree_by_depth(probs, k), **limits)
 
 
 @dataclass(frozen=True)
@@ -122,9 +136,16 @@ class ParsedTree:
         return self.label
 
 
-def parse_tree_spec(spec: TreeArg | ParsedTree, *, temperature: float | None) -> ParsedTree:
+def parse_tree_spec(
+    spec: TreeArg | ParsedTree,
+    *,
+    temperature: float | None,
+    max_nodes: int | None = MAX_TREE_NODES,
+    max_depth: int | None = MAX_TREE_DEPTH,
+) -> ParsedTree:
     """Parse ``spec`` (see the module docstring); ``temperature`` picks an ``optimal:K@FILE``
-    calibration file's profile.  A :class:`ParsedTree` passes through."""
+    calibration file's profile; trees beyond ``max_nodes`` / ``max_depth`` are refused.  A
+    :class:`ParsedTree` passes through."""
     if isinstance(spec, ParsedTree):
         return spec
     auto = parse_auto(spec)
@@ -133,5 +154,5 @@ def parse_tree_spec(spec: TreeArg | ParsedTree, *, temperature: float | None) ->
     dynamic = parse_dynamic(spec)
     if dynamic is not None:
         return ParsedTree(dynamic.spec, dynamic=dynamic)
-    shape = parse_tree(spec, temperature=temperature)
+    shape = parse_tree(spec, temperature=temperature, max_nodes=max_nodes, max_depth=max_depth)
     return ParsedTree(shape.spec, shape=shape)

@@ -28,6 +28,22 @@ def _encode(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     return [int(t) for t in tokenizer.encode(prompt)]
 
 
+def _check_utf8(prompt: str) -> str:
+    """PROMPT as given, refused with a one-line error when it is not valid UTF-8 (Python hands
+    such argv bytes over as lone surrogates, which no tokenizer can encode)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = prompt[exc.start].encode("utf-8", "surrogateescape")
+        raise click.BadParameter(
+            f"the prompt is not valid UTF-8 (byte 0x{raw.hex()} at character {exc.start}); "
+            "convert it first (e.g. `iconv -f latin1 -t utf-8`) or put it in a UTF-8 "
+            "--prompts-file",
+            param_hint="PROMPT",
+        ) from None
+    return prompt
+
+
 class _Streamer:
     """Prints the decoded text of a growing token list, only the part not printed yet."""
 
@@ -198,7 +214,7 @@ def generate(
             if value is not None:
                 raise click.UsageError(f"{flag} goes with --prompts-file FILE.jsonl")
     as_json = as_json or out is not None
-    prompt = prompt if prompt is not None else DEFAULT_PROMPT
+    prompt = _check_utf8(prompt) if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         meth = ersd_method(method, draft_sharpness)

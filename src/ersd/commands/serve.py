@@ -10,6 +10,20 @@ from typing import Any
 import click
 
 from ersd.commands._loading import ModelArgs, load_pair, model_options
+from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
+from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 @click.command()
@@ -66,6 +80,36 @@ from ersd.commands._loading import ModelArgs, load_pair, model_options
     help="Seconds in-flight requests may take to finish on shutdown (then cancelled).",
 )
 @click.option(
+    "--max-tree-nodes",
+    type=click.IntRange(1, MAX_TREE_NODES),
+    default=64,
+    show_default=True,
+    help="Largest draft tree (nodes, and depth) a request or --tree may ask for; larger: HTTP 400.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1024),
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    help="Largest request body; larger bodies get HTTP 413 before they are read.",
+)
+@click.option(
+    "--api-key",
+    envvar="ERSD_API_KEY",
+    default=None,
+    help=(
+        "Require 'Authorization: Bearer KEY' on every /v1 route (401 otherwise); /health and "
+        "/metrics stay open. Default: $ERSD_API_KEY (prefer it: a flag shows in `ps`)."
+    ),
+)
+@click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="/health answers 503 when the engine has work but finished no step for this long.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -82,6 +126,10 @@ def serve(
     max_queue: int,
     max_tokens: int,
     shutdown_timeout: float,
+    max_tree_nodes: int,
+    max_body_bytes: int,
+    api_key: str | None,
+    stall_timeout: float,
     log_level: str,
 ) -> None:
     """Serve TARGET (speculating with DRAFT) over an OpenAI-compatible HTTP API."""
@@ -102,7 +150,8 @@ def serve(
 
         meth = ersd.get_method(method)
         # every kind (dynamic:K and auto included); optimal:K@FILE is read once, here
-        shape = parse_tree_spec(tree, temperature=None) if models.has_draft else None
+        limits = {"max_nodes": max_tree_nodes, "max_depth": min(max_tree_nodes, MAX_TREE_DEPTH)}
+        shape = parse_tree_spec(tree, temperature=None, **limits) if models.has_draft else None
         if shape is not None and shape.shape is not None:
             meth.check_shape(shape.shape)
         pair = load_pair(models)
@@ -120,7 +169,17 @@ def serve(
         max_queue=max_queue,
         max_tokens=max_tokens,
         shutdown_timeout=shutdown_timeout,
+        max_tree_nodes=max_tree_nodes,
+        api_key=api_key or None,
+        max_body_bytes=max_body_bytes,
+        stall_timeout=stall_timeout,
     )
+    if not api_key and not is_loopback(host):
+        logging.getLogger("ersd.serve").warning(
+            "listening on %s without an API key: anyone who can reach this port can run "
+            "requests on this machine; set $ERSD_API_KEY (or --api-key), or bind 127.0.0.1",
+            host,
+        )
     # The engine runs on the main thread and the HTTP server in a thread: torch forwards were
     # measured ~1.6x slower in a worker thread on this CPU (docs/serve.md, "Threads").
     app = create_app(pair.target, pair.draft, config, engine_thread=False)
@@ -130,7 +189,8 @@ def serve(
             host=host,
             port=port,
             log_level=log_level,
-            timeout_graceful_shutdown=int(shutdown_timeout) + 1,
+            # in-flight work has --shutdown-timeout, then 5 s to send its last event or 503
+            timeout_graceful_shutdown=int(shutdown_timeout) + 5,
         )
     )
     web = threading.Thread(target=server.run, name="ersd-http", daemon=True)
@@ -138,7 +198,15 @@ def serve(
     def _exit(sig: int, frame: Any) -> None:  # first signal: graceful; second: immediate
         if server.should_exit:
             server.force_exit = True
+            return
         server.should_exit = True
+        # new requests get 503 at once; in-flight ones finish within --shutdown-timeout or end
+        # with an explicit 503 (a JSON error, or an error event and [DONE] for a stream)
+        closer = threading.Thread(
+            target=app.state.serving.close, args=(shutdown_timeout,), name="ersd-shutdown"
+        )
+        closer.daemon = True
+        closer.start()
 
     previous = {sig: signal.signal(sig, _exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

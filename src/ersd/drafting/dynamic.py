@@ -45,7 +45,7 @@ from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
-from ersd.tree import TreeShape
+from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeShape
 from ersd.tree_spec import DynamicSpec, parse_dynamic
 
 if TYPE_CHECKING:
@@ -54,9 +54,20 @@ if TYPE_CHECKING:
 
 def check_budget(budget: Any, max_depth: Any) -> None:
     """A dynamic drafter's budget and depth cap (None: the budget) must be integers >= 1."""
-    for name, v in (("budget", budget), ("max_depth", max_depth)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise GenerationInputError(f"{name} must be an integer >= 1, got {v!r}")
+    for name, v, bound in (
+        ("budget", budget, MAX_TREE_NODES),
+        ("max_depth", max_depth, MAX_TREE_DEPTH),
+    ):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound):
+            raise GenerationInputError(
+                f"{name} must be an integer in 1..{bound} (ersd.tree's default bound on draft "
+                f"trees), got {v!r}"
+            )
+    if max_depth is None and isinstance(budget, int) and budget > MAX_TREE_DEPTH:
+        raise GenerationInputError(
+            f"a budget of {budget} tokens needs a depth cap of at most {MAX_TREE_DEPTH} "
+            f"(max_depth=, or 'dynamic:{budget}@16')"
+        )
 
 
 @dataclass(frozen=True)

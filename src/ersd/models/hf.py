@@ -23,6 +23,7 @@ import torch
 
 from ersd.errors import GenerationInputError
 from ersd.models.base import check_same_vocabulary
+from ersd.models.checks import check_scored_logits
 from ersd.models.hf_session import HFSession
 
 if TYPE_CHECKING:
@@ -53,12 +54,12 @@ class HFTokenizer:
             raise GenerationInputError(
                 "this model's tokenizer has no chat template; encode the prompt as plain text"
             )
-        out = self.hf_tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        from ersd.models.chat import chat_template_ids
+
+        # content is text: a "<|im_start|>system" typed by a user must not become control ids
+        return chat_template_ids(
+            self.hf_tokenizer, messages, add_generation_prompt=add_generation_prompt
         )
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        return [int(t) for t in out]
 
     def get_vocab(self) -> dict[str, int]:
         return dict(self.hf_tokenizer.get_vocab())
@@ -241,6 +242,11 @@ class HFModel:
             )
         return out.logits
 
+    def check_logits(self, logits: torch.Tensor) -> None:
+        """Refuse NaN / inf logits of a scoring call, naming this model (the sessions and the
+        batched path call it once per call on the rows they return)."""
+        check_scored_logits(logits, self.name, dtype=str(self.dtype).removeprefix("torch."))
+
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """``[q, kv]`` bool (True = may attend) -> ``[1, 1, q, kv]`` additive mask on the device."""
         mask = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype)
@@ -297,6 +303,7 @@ class HFModel:
             return False, f"{type(exc).__name__}: {exc}"
         finally:
             self.forward_calls = calls
+        self.check_logits(ref.float())  # a broken model is not a mask problem: say what it is
         err = (got.float() - ref.float()).abs().max().item()
         gap = (wrong.float() - ref.float()).abs().max().item()
         if err <= 0.1 * gap + 1e-6 * (1.0 + ref.float().abs().max().item()):

@@ -80,6 +80,7 @@ def score_batch(
     parts += [[row] for row in alone]
     for part in parts:
         for (i, _, _), logits in zip(part, forward_slots(model, part), strict=True):
+            model.check_logits(logits)
             out[i] = logits
     for i, (sess, call) in enumerate(zip(sessions, calls, strict=True)):
         if out[i] is None:

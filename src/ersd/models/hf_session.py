@@ -130,6 +130,7 @@ class HFSession:
                 rows = self._score_paths(tokens, parents, depths)
             else:
                 rows = self._score_mask(tokens, parents, depths)
+        self.owner.check_logits(rows)
         return rows
 
     def _check_window(self, depths: list[int]) -> None:

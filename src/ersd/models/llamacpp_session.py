@@ -25,6 +25,7 @@ import torch
 
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.models.base import check_commit_args, check_tree_args
+from ersd.models.checks import check_scored_logits
 
 if TYPE_CHECKING:
     from ersd.models.llamacpp import LlamaCppModel
@@ -114,7 +115,9 @@ class LlamaCppSession:
         node_rows = [rows[len(tail) + i] for i in range(n)]
         self._prow += node_rows
         assert self._root is not None
-        return torch.from_numpy(np.stack([self._root, *node_rows]))
+        out = torch.from_numpy(np.stack([self._root, *node_rows]))
+        check_scored_logits(out, self.owner.name)
+        return out
 
     def _assign_paths(
         self,

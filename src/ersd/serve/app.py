@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,11 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ersd.results import GenerationResult, StepRecord
 from ersd.serve import protocol as P
 from ersd.serve.engine import Failed, Job, QueueFullError, ServingLoop, ShuttingDownError
+from ersd.serve.guard import Guard
 from ersd.serve.metrics import CONTENT_TYPE, Metrics
 from ersd.serve.requests import ApiError, Plan, ServeConfig, context_window, plan_request
-from ersd.serve.text import TextStream, chat_ids, prompt_ids
+from ersd.serve.text import TextStream, chat_ids, check_text, prompt_ids
 
 log = logging.getLogger("ersd.serve")
+
+#: seconds between checks for a non-streaming client that left
+DISCONNECT_POLL = 0.25
 
 #: OpenAI finish reasons for ERSD's (the context window counts as "length", as in vLLM)
 FINISH = {"eos": "stop", "length": "length", "context": "length", "stop": "stop"}
@@ -111,19 +115,32 @@ class _Call:
             ) from None
         metrics.prompt_tokens.labels(metrics.model_name).inc(len(self.plan.prompt) * len(self.jobs))
 
+    async def left(self, request: Request) -> bool:
+        """Whether the client has gone; then counts and logs the request as cancelled."""
+        if not await request.is_disconnected():
+            return False
+        m: Metrics = self.app.state.metrics
+        m.cancelled.labels(m.model_name).inc()
+        log.info("%s: client disconnected; request cancelled, its rows freed", self.id)
+        return True
+
     async def events(self, request: Request | None) -> AsyncIterator[tuple[int, str, str | None]]:
         """``(choice, new text, OpenAI finish reason or None)`` as steps arrive.  ``request``:
-        poll it for a client that left (non-streaming; SSE watches that itself)."""
+        poll it for a client that left (non-streaming; SSE watches that itself), at least every
+        :data:`DISCONNECT_POLL` seconds, also while steps keep arriving; the ``finally`` then
+        cancels the jobs, so their rows are freed at the engine's next step."""
         serving: ServingLoop = self.app.state.serving
         pending = set(range(len(self.jobs)))
+        polled = time.monotonic()
         try:
             while pending:
-                try:
-                    i, ev = await asyncio.wait_for(self.queue.get(), timeout=1.0)
-                except TimeoutError:
-                    if request is not None and await request.is_disconnected():
-                        log.info("%s: client disconnected; request cancelled", self.id)
+                if request is not None and time.monotonic() - polled >= DISCONNECT_POLL:
+                    polled = time.monotonic()
+                    if await self.left(request):
                         return
+                try:
+                    i, ev = await asyncio.wait_for(self.queue.get(), timeout=DISCONNECT_POLL)
+                except TimeoutError:
                     continue
                 if i not in pending:
                     continue
@@ -219,6 +236,12 @@ class _Call:
         return info
 
 
+async def _encode(fn: Callable[..., list[int]], tokenizer: Any, text: Any) -> list[int]:
+    """Tokenize in a worker thread: a long prompt never blocks the event loop (other routes,
+    streams, /health) while it is encoded; its size is bounded by ``--max-body-bytes``."""
+    return await asyncio.to_thread(fn, tokenizer, text)
+
+
 def _error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
@@ -273,6 +296,8 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
             **head, choices=[P.CompletionChoice(index=i, text=text or "", finish_reason=reason)]
         )
 
+    metrics: Metrics = call.app.state.metrics
+    ended = False  # False in the finally: the client left mid-stream (the task was cancelled)
     try:
         if chat:
             for i in range(len(call.jobs)):
@@ -289,14 +314,23 @@ async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
         if plan.include_usage:
             cls: Any = P.ChatCompletionChunk if chat else P.Completion
             yield {"data": cls(**head, choices=[], usage=call.usage()).model_dump_json()}
+        ended = True
     except ApiError as exc:
+        ended = True
+        if exc.status >= 500:
+            metrics.errors.labels(metrics.model_name).inc()
         err = P.ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
         yield {"data": P.ErrorResponse(error=err).model_dump_json()}
     except Exception as exc:
+        ended = True
+        metrics.errors.labels(metrics.model_name).inc()
         log.exception("%s: stream failed", call.id)
         err = P.ErrorDetail(message=f"internal error: {exc}", type="server_error")
         yield {"data": P.ErrorResponse(error=err).model_dump_json()}
     finally:  # a client gone before the first event still frees its rows
+        if not ended:
+            metrics.cancelled.labels(metrics.model_name).inc()
+            log.info("%s: client disconnected; stream cancelled, its rows freed", call.id)
         call.app.state.serving.cancel(call.jobs)
     yield {"data": "[DONE]"}
 
@@ -330,25 +364,42 @@ def create_app(
     app.state.serving, app.state.metrics = serving, metrics
     app.state.started = P.now()
 
+    def counted(exc: ApiError) -> JSONResponse:
+        if exc.status >= 500:
+            metrics.errors.labels(config.model_name).inc()
+        elif exc.status >= 400:
+            metrics.invalid.labels(config.model_name, str(exc.status)).inc()
+        return error_response(exc)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if exc.status >= 500:
-            app.state.metrics.errors.labels(config.model_name).inc()
-        return error_response(exc)
+        return counted(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(_validation_error(exc))
+        return counted(_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=None))
+        return counted(ApiError(exc.status_code, str(exc.detail), code=None))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:  # never a plain-text 500
+        log.error("internal error answering %s", request.url.path, exc_info=exc)
+        return counted(ApiError(500, f"internal error: {exc}", type="server_error"))
+
+    app.add_middleware(
+        Guard,
+        api_key=config.api_key,
+        max_body_bytes=config.max_body_bytes,
+        on_refused=lambda status: metrics.invalid.labels(config.model_name, str(status)).inc(),
+    )
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: P.CompletionRequest, request: Request) -> Any:
         tok = target.tokenizer
         if isinstance(body.prompt, str):
-            ids = prompt_ids(tok, body.prompt)
+            ids = await _encode(prompt_ids, tok, check_text("prompt", body.prompt))
         elif body.prompt and all(isinstance(p, str) for p in body.prompt):
             if len(body.prompt) != 1:
                 raise ApiError(
@@ -357,7 +408,7 @@ def create_app(
                     "send one request per prompt (or use n for several samples)",
                     param="prompt",
                 )
-            ids = prompt_ids(tok, str(body.prompt[0]))
+            ids = await _encode(prompt_ids, tok, check_text("prompt", str(body.prompt[0])))
         else:
             ids = [int(t) for t in body.prompt]
         plan = plan_request(body, ids, target=target, draft=draft, config=config, chat=False)
@@ -366,8 +417,11 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: P.ChatCompletionRequest, request: Request) -> Any:
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            ids = chat_ids(target.tokenizer, messages)
+            messages = [
+                {"role": m.role, "content": check_text(f"messages[{i}].content", m.text())}
+                for i, m in enumerate(body.messages)
+            ]
+            ids = await _encode(chat_ids, target.tokenizer, messages)
         except ApiError:
             raise
         except Exception as exc:  # template errors (e.g. roles that must alternate)
@@ -384,13 +438,21 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ok = serving.alive
+        """200 while the engine loop runs and makes progress; 503 when it stopped, or had work
+        but finished no step for ``stall_timeout`` seconds (a hung forward, a dead device)."""
+        stalled = serving.stalled_for()
+        status = "ok"
+        if not serving.alive:
+            status = "unavailable"
+        elif stalled > config.stall_timeout:
+            status = "stalled"
         body = {
-            "status": "ok" if ok else "unavailable",
+            "status": status,
             "running": serving.num_running,
             "waiting": serving.num_waiting,
+            "seconds_since_progress": round(stalled, 3),
         }
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

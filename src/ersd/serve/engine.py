@@ -99,6 +99,8 @@ class ServingLoop:
         self._looping = False
         self.steps = 0
         self.failures = 0
+        #: monotonic time the loop last made progress (a step, or found nothing to do)
+        self.heartbeat = time.monotonic()
 
     # -- called from the HTTP side ---------------------------------------------------------------
 
@@ -147,7 +149,9 @@ class ServingLoop:
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking work, let running and waiting jobs finish for up to ``timeout`` seconds,
-        then end the rest with an error and stop the thread."""
+        then end the rest with an error (HTTP 503: their streams get an error event and
+        ``[DONE]``) and stop the loop, in its thread or in the thread that called :meth:`run`.
+        Safe to call twice (``ersd serve`` calls it on SIGTERM, the app again on shutdown)."""
         with self._cond:
             self._closing = True
         deadline = time.monotonic() + timeout
@@ -158,6 +162,10 @@ class ServingLoop:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=max(timeout, 1.0) + 30.0)
+        else:  # run() on another thread: wait for its current step to end
+            until = time.monotonic() + 30.0
+            while self._looping and time.monotonic() < until:
+                time.sleep(0.02)
         for job in list(self._pending) + list(self._running.values()):
             self._fail(job, "the server shut down before this request finished", 503)
         self._pending.clear()
@@ -170,6 +178,13 @@ class ServingLoop:
         """Whether the loop is running (in its thread or in the thread that called :meth:`run`)."""
         return self._looping
 
+    def stalled_for(self) -> float:
+        """Seconds the loop has gone without progress while it has work (0 when idle): a step
+        that never returns, or a loop that died, shows here (``/health``)."""
+        if not (self._pending or self._running):
+            return 0.0
+        return max(time.monotonic() - self.heartbeat, 0.0)
+
     def _run(self, keep_going: Callable[[], bool] | None = None) -> None:
         self._looping = True
         try:
@@ -179,11 +194,13 @@ class ServingLoop:
 
     def _loop(self, keep_going: Callable[[], bool] | None) -> None:
         while True:
+            self.heartbeat = time.monotonic()
             with self._cond:
                 while not (self._stop or self._pending or self._running):
                     if keep_going is not None and not keep_going():
                         return
                     self._cond.wait(timeout=0.5 if keep_going is not None else None)
+                    self.heartbeat = time.monotonic()
                 if self._stop:
                     return
                 self._pending = deque(j for j in self._pending if not j.cancelled)

@@ -63,6 +63,15 @@ class Metrics:
             "ersd:requests_rejected", "Requests refused (queue full, shutting down).", ["reason"]
         )
         self.errors = counter("ersd:request_errors", "Requests that ended with a server error.")
+        self.invalid = counter(
+            "ersd:requests_invalid",
+            "Requests refused as invalid (HTTP 4xx: bad fields or text, no API key, too large).",
+            ["status"],
+        )
+        self.cancelled = counter(
+            "ersd:requests_cancelled",
+            "Requests whose client left before they finished (their rows were freed).",
+        )
         self.model_name = model_name
         # every series labelled by the model alone exists from the start, at 0 (as vLLM's): a
         # scrape before the first request sees the counters, and rate() has a starting point
@@ -78,6 +87,7 @@ class Metrics:
             self.ttft,
             self.steps,
             self.errors,
+            self.cancelled,
         ):
             metric.labels(model_name)
 

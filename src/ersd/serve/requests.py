@@ -21,8 +21,9 @@ from ersd.errors import ErsdError
 from ersd.probs import SamplingParams
 from ersd.request import Request
 from ersd.serve import protocol as P
-from ersd.tree import AutoTree, TreeShape
-from ersd.tree_spec import ParsedTree
+from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
+from ersd.tree import MAX_TREE_DEPTH, AutoTree, TreeShape
+from ersd.tree_spec import ParsedTree, parse_tree_spec
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
 COMPLETIONS_MAX_TOKENS = 16
@@ -58,6 +59,14 @@ class ServeConfig:
     max_queue: int = 64
     max_tokens: int = 256  # chat's default max_tokens (capped by the context window)
     shutdown_timeout: float = 10.0
+    #: largest draft tree a request may ask for (nodes; its depth is bounded by the same number)
+    max_tree_nodes: int = 64
+    #: requests to /v1 need ``Authorization: Bearer <api_key>`` (None: open; see serve.guard)
+    api_key: str | None = None
+    #: bodies beyond this many bytes get HTTP 413
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: /health answers 503 when the engine had work but made no progress for this many seconds
+    stall_timeout: float = 60.0
 
 
 @dataclass
@@ -219,4 +228,20 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> Any:
             "profile files are read on the server only; start the server with "
             "--tree optimal:K@FILE instead",
         )
+    try:  # refused here beyond the server's bound (--max-tree-nodes), before any work
+        parsed = parse_tree_spec(spec, temperature=None, **_limits(config))
+    except ErsdError as exc:
+        raise _bad("tree", f"{exc} (or 'none' for target-only decoding)") from None
+    if parsed.dynamic is not None and parsed.dynamic.budget > config.max_tree_nodes:
+        raise _bad(
+            "tree",
+            f"tree spec {spec!r} drafts {parsed.dynamic.budget} tokens per step; this server "
+            f"allows at most {config.max_tree_nodes} (--max-tree-nodes)",
+        )
     return spec
+
+
+def _limits(config: ServeConfig) -> dict[str, int]:
+    """The server's tree bound (``--max-tree-nodes``) as :func:`parse_tree_spec` takes it."""
+    n = config.max_tree_nodes
+    return {"max_nodes": n, "max_depth": min(n, MAX_TREE_DEPTH)}

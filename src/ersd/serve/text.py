@@ -13,10 +13,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from ersd.errors import ErsdError
+from ersd.serve.requests import ApiError
 
 
 class NoChatTemplateError(ErsdError):
     """The served model's tokenizer has no chat template."""
+
+
+def check_text(param: str, text: str) -> str:
+    """``text`` if it can be encoded as UTF-8; a lone surrogate (``"\\ud800"`` in JSON) is
+    refused with HTTP 400 naming the field and the position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            400,
+            f"{param}: character {exc.start} is a lone UTF-16 surrogate "
+            f"({text[exc.start]!r}), which is not text; send valid Unicode (a surrogate pair "
+            "must be complete)",
+            param=param,
+        ) from None
+    return text
 
 
 def prompt_ids(tokenizer: Any, text: str) -> list[int]:
@@ -36,9 +53,11 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
             "prompt, or serve a chat model"
         )
     msgs = [dict(m) for m in messages]
-    if hasattr(tokenizer, "chat_template"):  # transformers
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    else:
+    if hasattr(tokenizer, "chat_template"):  # transformers: content encoded as text
+        from ersd.models.chat import chat_template_ids
+
+        out: Any = chat_template_ids(tokenizer, msgs, add_generation_prompt=True)
+    else:  # ersd's HFTokenizer encodes content as text itself (ersd.models.chat)
         out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
     if hasattr(out, "keys") and "input_ids" in out:
         out = out["input_ids"]

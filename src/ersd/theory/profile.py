@@ -225,13 +225,31 @@ class RankProfile:
             )
         if "counts" not in data:
             raise RankProfileError('rank profile has no "counts" list')
-        return cls(
-            counts=data["counts"],
-            vocab_size=data.get("vocab_size"),
-            depth_counts=data.get("depth_counts"),
-            meta=dict(data.get("meta") or {}),
-            margin=data.get("margin"),
+        fields = (
+            ("depth_counts", list, "list"),
+            ("meta", dict, "object"),
+            ("margin", dict, "object"),
         )
+        for name, kind, label in fields:
+            if data.get(name) is not None and not isinstance(data[name], kind):
+                raise RankProfileError(
+                    f'rank profile field "{name}" must be a JSON {label} or absent, got '
+                    f"{type(data[name]).__name__} {data[name]!r:.40}; {_MAKE_ONE}"
+                )
+        try:
+            return cls(
+                counts=data["counts"],
+                vocab_size=data.get("vocab_size"),
+                depth_counts=data.get("depth_counts"),
+                meta=dict(data.get("meta") or {}),
+                margin=data.get("margin"),
+            )
+        except RankProfileError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise RankProfileError(
+                f"rank profile has a malformed field ({type(exc).__name__}: {exc}); {_MAKE_ONE}"
+            ) from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -241,10 +259,26 @@ class RankProfile:
         return cls.from_dict(_read_json(path, "rank profile"))
 
 
+#: larger profile files are refused unread (a real one is a few kB; /dev/zero never ends)
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+
+
 def _read_json(path: str | Path, what: str) -> Any:
     p = Path(path)
     try:
-        return json.loads(p.read_text())
+        if p.exists() and not p.is_dir() and not p.is_file():
+            raise RankProfileError(
+                f"{what} file {str(p)!r} is not a regular file (a device, a pipe or a socket); "
+                "give the JSON file itself"
+            )
+        with open(p, "rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise RankProfileError(
+                f"{what} file {str(p)!r} is larger than {MAX_PROFILE_BYTES:,} bytes, far beyond "
+                f"a rank profile; {_MAKE_ONE}"
+            )
+        return json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise RankProfileError(f"{what} file {str(p)!r} does not exist; {_MAKE_ONE}") from None
     except json.JSONDecodeError as exc:
@@ -275,11 +309,38 @@ def load_profiles(path: str | Path) -> ProfileFile:
     calibrate``): the one reader of both formats."""
     data = _read_json(path, "profile")
     if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT:
-        profiles = {float(t): RankProfile.from_dict(d) for t, d in data["profiles"].items()}
+        by_temp = data.get("profiles")
+        if not isinstance(by_temp, dict) or not by_temp:
+            raise RankProfileError(
+                f'calibration file {str(path)!r} has no "profiles" object (temperature -> rank '
+                f"profile); {_MAKE_ONE}"
+            )
+        profiles = {}
+        for t, d in by_temp.items():
+            try:
+                temp = float(t)
+            except ValueError:
+                raise RankProfileError(
+                    f"calibration file {str(path)!r}: profile key {t!r} is not a temperature "
+                    f'(e.g. "0.7"); {_MAKE_ONE}'
+                ) from None
+            try:
+                profiles[temp] = RankProfile.from_dict(d)
+            except RankProfileError as exc:
+                raise RankProfileError(
+                    f"calibration file {str(path)!r}, temperature {t}: {exc}"
+                ) from None
         rest = {k: v for k, v in data.items() if k not in ("format", "version", "profiles")}
         return ProfileFile(profiles, rest)
-    prof = RankProfile.from_dict(data)
-    return ProfileFile({float(prof.meta.get("temperature", 1.0)): prof})
+    try:
+        prof = RankProfile.from_dict(data)
+        return ProfileFile({float(prof.meta.get("temperature", 1.0)): prof})
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, RankProfileError):
+            raise RankProfileError(f"profile file {str(path)!r}: {exc}") from None
+        raise RankProfileError(
+            f'profile file {str(path)!r}: meta "temperature" is not a number ({exc})'
+        ) from None
 
 
 V = TypeVar("V")

@@ -11,7 +11,13 @@ from typing import Any
 
 from ersd.models.bundled import convert, gguf, store
 from ersd.models.bundled.catalog import BUNDLED, BundledModel, get_bundled
-from ersd.models.bundled.manifest import MARKER, FolderCheck, adopt_legacy, check_folder
+from ersd.models.bundled.manifest import (
+    MARKER,
+    FolderCheck,
+    adopt_legacy,
+    check_folder,
+    restamp,
+)
 from ersd.models.bundled.wheels import missing_packages
 
 #: the states :func:`status` reports
@@ -67,7 +73,8 @@ def is_prepared(folder: Path, model: BundledModel | None = None) -> bool:
 
     Without ``model``: whether its marker exists.  With it: the marker must record the same
     checksum, dtype and a known layout, and every file it lists must be present with its
-    recorded size (cheap: no hashing; ``prepare(..., verify=True)`` hashes).
+    recorded size; a file modified since it was hashed is hashed again (``prepare(...,
+    verify=True)`` hashes every file).
     """
     if model is None:
         return (folder / MARKER).is_file()
@@ -77,7 +84,8 @@ def is_prepared(folder: Path, model: BundledModel | None = None) -> bool:
 def status(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> ModelStatus:
     """Install state of bundled model ``name``: wheels present? GGUF assembled? prepared, intact?
 
-    Cheap: looks at files and safetensors headers only, never hashes.  ``assembled`` is true for
+    Cheap: looks at files and safetensors headers, and hashes only files modified since they
+    were hashed.  ``assembled`` is true for
     a single-file model whose wheel is installed (it is used in place) and for a multi-part model
     whose GGUF is in the cache (deleted after a conversion unless kept).
     """
@@ -127,6 +135,9 @@ def _adopt(folder: Path, check: FolderCheck, *, hashes: bool = False) -> None:
     if check.legacy:
         with contextlib.suppress(OSError):
             adopt_legacy(folder, hashes=hashes)
+    elif check.touched:
+        with contextlib.suppress(OSError):
+            restamp(folder, check.touched)
 
 
 def prepare(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -12,6 +13,16 @@ from ersd.errors import ModelLoadError
 from ersd.models.bundled import store
 from ersd.models.bundled.catalog import BundledModel
 from ersd.models.bundled.manifest import FORMAT_VERSION, check_folder, describe_files, write_marker
+
+
+def as_os_error(exc: Exception, path: Path) -> OSError | None:
+    """The ``OSError`` inside a writer's error (safetensors: ``... (os error 28)``), so the cache
+    code names a full disk and the fix; ``None`` for other errors."""
+    m = re.search(r"\(os error (\d+)\)", str(exc))
+    if m is None:
+        return None
+    code = int(m.group(1))
+    return OSError(code, os.strerror(code), str(path))
 
 
 def convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> None:
@@ -69,8 +80,16 @@ def convert(model: BundledModel, gguf: Path, dest: Path, progress: bool) -> None
         if hasattr(lm.config, "quantization_config"):
             del lm.config.quantization_config
         tmp.mkdir(parents=True)
-        lm.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        try:
+            lm.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        except OSError:
+            raise
+        except Exception as exc:  # safetensors reports a full disk as its own error type
+            err = as_os_error(exc, tmp)
+            if err is None:
+                raise
+            raise err from exc
         del lm
         seconds = time.perf_counter() - start
         marker = {

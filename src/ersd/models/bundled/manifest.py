@@ -2,8 +2,12 @@
 
 The marker (``ersd-prepared.json``, written last) records the GGUF checksum and dtype the folder
 was converted from, and a manifest (key ``files``): the size and sha256 of every file the
-conversion wrote.  :func:`check_folder` compares the folder with it: cheaply (files present,
-sizes, safetensors headers consistent with the file length) or fully (also every sha256).
+conversion wrote, and the modification time it had when it was hashed.  :func:`check_folder`
+compares the folder with it: cheaply (files present, sizes, safetensors headers consistent with
+the file length, and the sha256 of every file whose modification time changed since it was
+hashed: same-size corruption is caught at the next load) or fully (every sha256; ``ersd models
+prepare`` does this by default).  A damage that keeps the file's size *and* restores its
+modification time is found only by the full check.
 
 Folders prepared by an older ersd have no manifest; they are accepted when their required files
 are present and every safetensors file is complete, and :func:`adopt_legacy` then records their
@@ -41,12 +45,13 @@ def file_sha256(path: Path) -> str:
 
 
 def describe_files(folder: Path, *, hashes: bool = True) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "sha256"}}`` of every file in ``folder`` but the marker
-    (``sha256`` is ``None`` without ``hashes``)."""
+    """``{relative path: {"size", "sha256", "mtime_ns"}}`` of every file in ``folder`` but the
+    marker (``sha256`` is ``None`` without ``hashes``)."""
     return {
         p.relative_to(folder).as_posix(): {
             "size": p.stat().st_size,
             "sha256": file_sha256(p) if hashes else None,
+            "mtime_ns": p.stat().st_mtime_ns,
         }
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MARKER and not p.name.startswith(f".{MARKER}")
@@ -114,6 +119,8 @@ class FolderCheck:
     state: str
     problems: list[str] = field(default_factory=list)
     legacy: bool = False
+    #: files whose modification time changed but whose sha256 still matches (re-stamped)
+    touched: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -129,6 +136,7 @@ def check_folder(folder: Path, model: BundledModel, *, hashes: bool = False) -> 
         return FolderCheck("stale")
     assert info is not None
     problems: list[str] = []
+    touched: list[str] = []
     files = info.get("files")
     legacy = not isinstance(files, dict)
     expected: dict[str, Any]
@@ -152,12 +160,31 @@ def check_folder(folder: Path, model: BundledModel, *, hashes: bool = False) -> 
             problems.append(why)
             continue
         recorded = None if record is None else record.get("sha256")
-        if hashes and recorded is not None and file_sha256(path) != recorded:
-            problems.append(f"{name} does not match the sha256 recorded when it was written")
+        stamp = None if record is None else record.get("mtime_ns")
+        changed = stamp is not None and path.stat().st_mtime_ns != stamp
+        if recorded is not None and (hashes or changed):
+            if file_sha256(path) != recorded:
+                problems.append(f"{name} does not match the sha256 recorded when it was written")
+            elif changed:
+                touched.append(name)
     if problems:
         return FolderCheck("damaged", problems, legacy)
-    unhashed = not legacy and any(r.get("sha256") is None for r in expected.values())
-    return FolderCheck("ok", [], legacy or (hashes and unhashed))
+    # a manifest without hashes or modification times is completed by a verifying prepare
+    unstamped = not legacy and any(
+        r.get("sha256") is None or r.get("mtime_ns") is None for r in expected.values()
+    )
+    return FolderCheck("ok", [], legacy or (hashes and unstamped), touched)
+
+
+def restamp(folder: Path, names: list[str]) -> None:
+    """Record the current modification time of files whose sha256 was just checked (so the next
+    cheap check does not hash them again); raises ``OSError`` if read-only."""
+    info = read_marker(folder)
+    if info is None or not isinstance(info.get("files"), dict):
+        return
+    for name in names:
+        info["files"][name]["mtime_ns"] = (folder / name).stat().st_mtime_ns
+    write_marker(folder, info)
 
 
 def adopt_legacy(folder: Path, *, hashes: bool = False) -> None:

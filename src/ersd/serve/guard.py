@@ -1,0 +1,138 @@
+"""What a request must pass before any route sees it: the API key and the body-size limit.
+
+A plain ASGI middleware (it never wraps a response, so streams are untouched):
+
+* **API key** (``ersd serve --api-key`` / ``$ERSD_API_KEY``): every route under ``/v1`` needs
+  ``Authorization: Bearer <key>``, compared in constant time (:func:`hmac.compare_digest`); a
+  missing or wrong key gets HTTP 401 with an OpenAI error body (``code: invalid_api_key``).
+  ``/health`` and ``/metrics`` stay open, as in vLLM: probes and scrapers carry no key, and they
+  reveal queue lengths and counters, never prompts or text.
+* **Body size** (``--max-body-bytes``): a body longer than the limit gets HTTP 413 naming the
+  limit, before it is parsed; a declared ``Content-Length`` is refused unread, a chunked body
+  as soon as it passes the limit.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: default ``--max-body-bytes``: 4 MiB, some 30 times the text of a 32k-token context
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: routes the API key guards (the OpenAI API); /health and /metrics stay open
+GUARDED_PREFIX = "/v1"
+
+
+def key_matches(header: str | None, api_key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <api_key>`` (constant time)."""
+    scheme, _, given = (header or "").partition(" ")
+    ok = hmac.compare_digest(given.strip().encode(), api_key.encode())
+    return ok and scheme.lower() == "bearer"
+
+
+async def _error(send: Send, status: int, message: str, code: str, **headers: str) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware checking the API key and the body size (see the module docstring).
+    ``on_refused(status)`` is called for every refusal (the server counts them)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        on_refused: Callable[[int], None] | None = None,
+    ) -> None:
+        self.app, self.api_key, self.max_body_bytes = app, api_key or None, max_body_bytes
+        self.on_refused = on_refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path = str(scope.get("path", ""))
+        guarded = path == GUARDED_PREFIX or path.startswith(GUARDED_PREFIX + "/")
+        if self.api_key and guarded and not key_matches(headers.get("authorization"), self.api_key):
+            self._refused(401)
+            given = "a wrong API key" if headers.get("authorization") else "no API key"
+            await _error(
+                send,
+                401,
+                f"this server needs an API key and the request carried {given}: send "
+                "'Authorization: Bearer <key>' (the openai client's api_key=) with the key "
+                "the server was started with (--api-key or $ERSD_API_KEY)",
+                "invalid_api_key",
+                **{"WWW-Authenticate": "Bearer"},
+            )
+            return
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(send, f"{int(declared):,} bytes")
+            return
+        if scope.get("method") in ("GET", "HEAD") or declared is not None:
+            await self.app(scope, receive, send)  # the server enforces a declared length
+            return
+        # a chunked body: read it up to the limit, then hand it over
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._too_large(send, f"over {size:,} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _refused(self, status: int) -> None:
+        if self.on_refused is not None:
+            self.on_refused(status)
+
+    async def _too_large(self, send: Send, got: str) -> None:
+        self._refused(413)
+        limit = self.max_body_bytes
+        await _error(
+            send,
+            413,
+            f"the request body ({got}) is larger than this server's limit of {limit:,} bytes; "
+            "send a shorter prompt, or restart the server with a larger --max-body-bytes",
+            "request_too_large",
+        )

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
-from ersd.errors import GenerationInputError
+from ersd.errors import GenerationInputError, InvalidTreeSpecError
 from ersd.methods import DraftTree, Method, TreeVerification, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams, logits_to_probs
@@ -251,6 +251,17 @@ def run(target: LanguageModel, request: Request, settings: Settings) -> Iterator
         yield step(settings, seq)
 
 
+def _check_tree_given(drafter: Drafter | None, tree: Any) -> None:
+    """With a drafter, ``tree=None`` is a mistake (a request's None means "draft nothing")."""
+    if drafter is not None and tree is None:
+        raise InvalidTreeSpecError(
+            "tree must be a spec string or a list of child-index paths, got None (NoneType); "
+            "with a draft pass a tree such as 'chain:4' (draft=None samples from the target "
+            "alone)",
+            param="tree",
+        )
+
+
 # --- public API ------------------------------------------------------------------------------
 
 
@@ -274,6 +285,7 @@ def generate_stream(
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
+    _check_tree_given(drafter, tree)
     request = Request.of(
         prompt,
         max_new_tokens=max_new_tokens,
@@ -333,6 +345,7 @@ def generate(
     """
     t0 = time.perf_counter()
     drafter = as_drafter(draft)
+    _check_tree_given(drafter, tree)
     request = Request.of(
         prompt,
         max_new_tokens=max_new_tokens,

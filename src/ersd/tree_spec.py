@@ -26,7 +26,14 @@ from ersd import tree as shapes
 from ersd.errors import InvalidTreeSpecError
 from ersd.theory.profile import RankProfileError, tree_depth_probs
 from ersd.theory.trees import optimal_tree_by_depth
-from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, AutoTree, TreeShape, check_tree_size, parse_auto
+from ersd.tree import (
+    MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
+    AutoTree,
+    TreeShape,
+    check_tree_size,
+    parse_auto,
+)
 
 #: what a ``tree=`` argument may be
 TreeArg = str | TreeShape | AutoTree | Sequence[Sequence[int]]

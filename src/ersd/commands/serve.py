@@ -110,6 +110,34 @@ def is_loopback(host: str) -> bool:
     help="/health answers 503 when the engine has work but finished no step for this long.",
 )
 @click.option(
+    "--watermark-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "Watermark every response with this secret key (a private key file: mode 600; "
+        "`ersd watermark keygen --out F` makes one). Adds POST /v1/watermark/detect."
+    ),
+)
+@click.option(
+    "--watermark-context",
+    type=int,
+    default=None,
+    help="Generated tokens that key each race (default: the key file's, else 4).",
+)
+@click.option(
+    "--allow-watermark-opt-out",
+    is_flag=True,
+    default=False,
+    help='Let a request send "watermark": false for an unmarked response (default: refused).',
+)
+@click.option(
+    "--watermark-threshold",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=1e-3,
+    show_default=True,
+    help="p-value at or below which /v1/watermark/detect calls a text watermarked.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -130,6 +158,10 @@ def serve(
     max_body_bytes: int,
     api_key: str | None,
     stall_timeout: float,
+    watermark_key_file: str | None,
+    watermark_context: int | None,
+    allow_watermark_opt_out: bool,
+    watermark_threshold: float,
     log_level: str,
 ) -> None:
     """Serve TARGET (speculating with DRAFT) over an OpenAI-compatible HTTP API."""
@@ -148,12 +180,31 @@ def serve(
     try:
         from ersd.tree_spec import parse_tree_spec
 
+        if watermark_key_file is None and (
+            watermark_context is not None or allow_watermark_opt_out
+        ):
+            raise click.UsageError(
+                "--watermark-context and --allow-watermark-opt-out go with --watermark-key-file"
+            )
+        # the key is read once, before the models load (a bad or readable key file fails fast)
+        watermark = (
+            ersd.load_watermark(watermark_key_file, context_width=watermark_context)
+            if watermark_key_file is not None
+            else None
+        )
         meth = ersd.get_method(method)
         # every kind (dynamic:K and auto included); optimal:K@FILE is read once, here
         limits = {"max_nodes": max_tree_nodes, "max_depth": min(max_tree_nodes, MAX_TREE_DEPTH)}
         shape = parse_tree_spec(tree, temperature=None, **limits) if models.has_draft else None
         if shape is not None and shape.shape is not None:
             meth.check_shape(shape.shape)
+        info = meth.info
+        if watermark is not None and shape is not None and not (info and info.race_output):
+            raise ErsdError(
+                f"--method {method} with a draft does not mark every token (its accepted drafts "
+                "and corrections are not the keyed race's winners); serve a watermark with "
+                "--method ersd, or without --draft"
+            )
         pair = load_pair(models)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
@@ -173,7 +224,17 @@ def serve(
         api_key=api_key or None,
         max_body_bytes=max_body_bytes,
         stall_timeout=stall_timeout,
+        watermark=watermark,
+        watermark_opt_out=allow_watermark_opt_out,
+        detect_threshold=watermark_threshold,
     )
+    if watermark is not None:  # its fingerprint and settings, never the key
+        logging.getLogger("ersd.serve").info(
+            "watermarking every response: %r%s; detection at p <= %g on POST /v1/watermark/detect",
+            watermark,
+            " (requests may opt out)" if allow_watermark_opt_out else "",
+            watermark_threshold,
+        )
     if not api_key and not is_loopback(host):
         logging.getLogger("ersd.serve").warning(
             "listening on %s without an API key: anyone who can reach this port can run "

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ersd.errors import ErsdError
 from ersd.results import GenerationResult, StepRecord
 from ersd.serve import protocol as P
 from ersd.serve.engine import Failed, Job, QueueFullError, ServingLoop, ShuttingDownError
@@ -28,11 +29,16 @@ from ersd.serve.guard import Guard
 from ersd.serve.metrics import CONTENT_TYPE, Metrics
 from ersd.serve.requests import ApiError, Plan, ServeConfig, context_window, plan_request
 from ersd.serve.text import TextStream, chat_ids, check_text, prompt_ids
+from ersd.watermark.detect import detect, encode_text
+from ersd.watermark.settings import Watermark
 
 log = logging.getLogger("ersd.serve")
 
 #: seconds between checks for a non-streaming client that left
 DISCONNECT_POLL = 0.25
+
+#: response header naming a watermarked response's scheme and key fingerprint
+WATERMARK_HEADER = "X-Ersd-Watermark"
 
 #: OpenAI finish reasons for ERSD's (the context window counts as "length", as in vLLM)
 FINISH = {"eos": "stop", "length": "length", "context": "length", "stop": "stop"}
@@ -84,7 +90,7 @@ class _Call:
         def sink(i: int) -> Any:
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
 
-        self.jobs = [Job(plan.request_for(seed), sink(i)) for i, seed in enumerate(plan.seeds)]
+        self.jobs = [Job(plan.request_for(i), sink(i)) for i in range(len(plan.seeds))]
 
     def submit(self) -> None:
         serving: ServingLoop = self.app.state.serving
@@ -195,6 +201,7 @@ class _Call:
                 num_accepted_tokens=r.num_accepted_tokens,
                 block_efficiency=r.block_efficiency,
                 acceptance_rate=r.acceptance_rate,
+                salt=self.plan.salts[i] if self.plan.salts else _salt(self.plan, seed),
             )
             for i, (ch, r, seed) in enumerate(zip(self.choices, res, self.plan.seeds, strict=True))
         ]
@@ -212,6 +219,7 @@ class _Call:
             acceptance_rate=accepted / drafted if drafted else 0.0,
             latency=latency,
             choices=stats,
+            watermark=watermark_info(self.plan.watermark),
         )
         m: Metrics = self.app.state.metrics
         for ch in self.choices:
@@ -242,6 +250,29 @@ async def _encode(fn: Callable[..., list[int]], tokenizer: Any, text: Any) -> li
     return await asyncio.to_thread(fn, tokenizer, text)
 
 
+def _salt(plan: Plan, seed: int) -> int | None:
+    wm = plan.watermark
+    return None if wm is None else wm.salt_for(seed)
+
+
+def watermark_info(wm: Watermark | None) -> P.WatermarkInfo | None:
+    """What a response says about its watermark: scheme, key fingerprint, width -- no key."""
+    if wm is None:
+        return None
+    return P.WatermarkInfo(
+        scheme=wm.scheme,
+        key_fingerprint=wm.fingerprint,
+        context_width=wm.context_width,
+        num_salts=wm.num_salts,
+    )
+
+
+def watermark_headers(plan: Plan) -> dict[str, str]:
+    """``X-Ersd-Watermark: <scheme>; key=<fingerprint>`` on a watermarked response."""
+    wm = plan.watermark
+    return {} if wm is None else {WATERMARK_HEADER: f"{wm.scheme}; key={wm.fingerprint}"}
+
+
 def _error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
@@ -251,7 +282,9 @@ async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any
     call.submit()
     if plan.stream:
         return EventSourceResponse(
-            _stream(call, plan), shutdown_grace_period=app.state.config.shutdown_timeout
+            _stream(call, plan),
+            shutdown_grace_period=app.state.config.shutdown_timeout,
+            headers=watermark_headers(plan),
         )
     texts = [""] * len(call.jobs)
     finish: list[str | None] = [None] * len(call.jobs)
@@ -263,8 +296,9 @@ async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any
     common: dict[str, Any] = dict(
         id=call.id, created=call.created, model=plan.model_name, usage=call.usage()
     )
+    body: P.Completion | P.ChatCompletion
     if kind == "completion":
-        return P.Completion(
+        body = P.Completion(
             **common,
             choices=[
                 P.CompletionChoice(index=i, text=t, finish_reason=f)
@@ -272,14 +306,16 @@ async def _respond(app: FastAPI, request: Request, plan: Plan, kind: str) -> Any
             ],
             ersd=call.info(),
         )
-    return P.ChatCompletion(
-        **common,
-        choices=[
-            P.ChatChoice(index=i, message=P.AssistantMessage(content=t), finish_reason=f)
-            for i, (t, f) in enumerate(zip(texts, finish, strict=True))
-        ],
-        ersd=call.info(),
-    )
+    else:
+        body = P.ChatCompletion(
+            **common,
+            choices=[
+                P.ChatChoice(index=i, message=P.AssistantMessage(content=t), finish_reason=f)
+                for i, (t, f) in enumerate(zip(texts, finish, strict=True))
+            ],
+            ersd=call.info(),
+        )
+    return JSONResponse(body.model_dump(), headers=watermark_headers(plan))
 
 
 async def _stream(call: _Call, plan: Plan) -> AsyncIterator[dict[str, str]]:
@@ -428,6 +464,55 @@ def create_app(
             raise ApiError(400, f"messages: {exc}", param="messages") from None
         plan = plan_request(body, ids, target=target, draft=draft, config=config, chat=True)
         return await _respond(app, request, plan, "chat")
+
+    @app.post("/v1/watermark/detect")
+    async def watermark_detect(body: P.DetectRequest) -> P.Detection:
+        """Score a text (or token ids) for this server's watermark key (docs/watermark.md)."""
+        wm = config.watermark
+        if wm is None:
+            raise ApiError(
+                404,
+                "this server has no watermark key, so it has nothing to detect; start it with "
+                "--watermark-key-file FILE (or run `ersd watermark detect --key-file FILE`)",
+                code="watermark_off",
+            )
+        try:
+            kind, source = body.source()
+        except ValueError as exc:
+            raise ApiError(400, f"request body: {exc}") from None
+        tok = target.tokenizer
+        if kind == "text":
+            text = check_text("text", str(source))
+            ids = await _encode(encode_text, tok, text)
+        else:
+            ids = [int(t) for t in source]
+        try:
+            found = await asyncio.to_thread(
+                detect,
+                ids,
+                wm,
+                salt=body.salt,
+                threshold=config.detect_threshold,
+                vocab_size=target.vocab_size,
+            )
+        except ErsdError as exc:  # too short, ids outside the vocabulary, a salt out of range
+            param = "salt" if str(exc).startswith("salt") else kind
+            raise ApiError(400, f"{param}: {exc}", param=param) from None
+        metrics.detections.labels(config.model_name, str(found.watermarked).lower()).inc()
+        info = watermark_info(wm)
+        assert info is not None
+        return P.Detection(
+            watermarked=found.watermarked,
+            p_value=found.p_value,
+            threshold=found.threshold,
+            score=found.score,
+            num_tokens=len(ids),
+            num_scored_tokens=found.scored,
+            num_skipped_tokens=found.skipped,
+            salt=found.salt,
+            salts_tried=found.salts_tried,
+            watermark=info,
+        )
 
     @app.get("/v1/models")
     async def models() -> P.ModelList:

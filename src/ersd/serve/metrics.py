@@ -72,6 +72,11 @@ class Metrics:
             "ersd:requests_cancelled",
             "Requests whose client left before they finished (their rows were freed).",
         )
+        self.detections = counter(
+            "ersd:watermark_detections",
+            "Texts scored by /v1/watermark/detect, by verdict (watermarked true/false).",
+            ["watermarked"],
+        )
         self.model_name = model_name
         # every series labelled by the model alone exists from the start, at 0 (as vLLM's): a
         # scrape before the first request sees the counters, and rate() has a starting point

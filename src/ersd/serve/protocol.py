@@ -4,7 +4,9 @@ Standard fields follow the OpenAI API; ERSD's own knobs are extra body fields (`
 ``tree``, ``top_k``, ``min_p``; with the ``openai`` client pass them in ``extra_body``).
 Fields OpenAI defines but ERSD does not implement are accepted only at their neutral value, so a
 request never silently means something else.  Responses carry the usual ``usage`` and an ``ersd``
-extension with the speculation statistics.
+extension with the speculation statistics (and, on a watermarking server, the watermark's scheme,
+key fingerprint and each choice's salt -- never the key).  ``POST /v1/watermark/detect`` takes a
+:class:`DetectRequest` and answers a :class:`Detection`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class _Request(BaseModel):
     tree: str | None = None
     top_k: StrictInt | None = Field(default=None, ge=1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    #: False: no watermark on this response (only where the operator allows opting out)
+    watermark: StrictBool | None = None
     # OpenAI fields accepted only at their neutral value (see unsupported())
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -152,6 +156,17 @@ class ChoiceStats(BaseModel):
     num_accepted_tokens: int
     block_efficiency: float
     acceptance_rate: float
+    #: the choice's watermark salt (None: not watermarked); detect with it for an exact p-value
+    salt: int | None = None
+
+
+class WatermarkInfo(BaseModel):
+    """How a response was watermarked (the key itself is never sent)."""
+
+    scheme: str
+    key_fingerprint: str
+    context_width: int
+    num_salts: int
 
 
 class ErsdInfo(BaseModel):
@@ -166,6 +181,8 @@ class ErsdInfo(BaseModel):
     acceptance_rate: float
     latency: float  # seconds from arrival to the last choice's end
     choices: list[ChoiceStats]
+    #: set when the response is watermarked (docs/watermark.md#serving)
+    watermark: WatermarkInfo | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -240,6 +257,42 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class DetectRequest(BaseModel):
+    """``POST /v1/watermark/detect``: a generated text, or its token ids, to score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    token_ids: list[StrictInt] | None = None
+    #: the sample's salt when known (a response's ``ersd.choices[i].salt``): no correction
+    salt: StrictInt | None = Field(default=None, ge=0)
+
+    def source(self) -> tuple[str, str | list[int]]:
+        """``("text", str)`` or ``("token_ids", ids)``; raises ValueError unless exactly one."""
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("give exactly one of text and token_ids")
+        if self.text is not None:
+            return "text", self.text
+        assert self.token_ids is not None
+        return "token_ids", self.token_ids
+
+
+class Detection(BaseModel):
+    """The detector's answer (:func:`ersd.watermark.detect`)."""
+
+    object: Literal["watermark.detection"] = "watermark.detection"
+    watermarked: bool  # p_value <= threshold
+    p_value: float
+    threshold: float
+    score: float
+    num_tokens: int
+    num_scored_tokens: int
+    num_skipped_tokens: int  # repeated windows, not scored
+    salt: int
+    salts_tried: int
+    watermark: WatermarkInfo
 
 
 class ErrorDetail(BaseModel):

@@ -8,6 +8,14 @@ OpenAI fields ersd does not implement, default ``max_tokens``, files in ``tree``
 Seeds: a request's ``seed`` (a random one when unset) is used as-is for ``n=1``; with ``n>1``
 choice ``i`` gets :func:`ersd.derive_seed` ``(seed, i)``, exactly like
 ``ersd.generate_batch(seeds=seed)``; either way the seed itself must lie in ``[0, 2**64)``.
+
+Watermark (``ersd serve --watermark-key-file``): every choice races on the server's keyed race.
+``n=1`` uses the salt of its seed (``seed % num_salts``, as ``ersd generate`` with the same key
+file), so the same request and seed give the same text as the CLI.  With ``n>1`` choice ``i``
+gets salt ``(s0 + i) % num_salts`` (``s0`` the salt of choice 0's seed): distinct salts, so the
+choices are different texts even where the seeds' unkeyed noise never comes into play, and each
+is detected (the detector tries every salt, or the one a response reports).  More choices than
+salts are refused.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from ersd.serve import protocol as P
 from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
 from ersd.tree import MAX_TREE_DEPTH, AutoTree, TreeShape
 from ersd.tree_spec import ParsedTree, parse_tree_spec
+from ersd.watermark.settings import Watermark
 
 #: completions' default ``max_tokens`` (as OpenAI's); chat defaults to ServeConfig.max_tokens
 COMPLETIONS_MAX_TOKENS = 16
@@ -67,6 +76,12 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: /health answers 503 when the engine had work but made no progress for this many seconds
     stall_timeout: float = 60.0
+    #: every response is watermarked with this key (None: no watermark, /v1/watermark/* is 404)
+    watermark: Watermark | None = None
+    #: a request may send ``"watermark": false`` to get an unmarked response
+    watermark_opt_out: bool = False
+    #: /v1/watermark/detect calls a text watermarked when its p-value is at most this
+    detect_threshold: float = 1e-3
 
 
 @dataclass
@@ -80,6 +95,12 @@ class Plan:
     stops: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    #: each choice's watermark salt (empty: not watermarked)
+    salts: list[int] = field(default_factory=list)
+
+    @property
+    def watermark(self) -> Watermark | None:
+        return self.request.watermark
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -98,9 +119,14 @@ class Plan:
         """The tree drafted (None: target-only); its ``label`` names it."""
         return self.request.parsed_tree
 
-    def request_for(self, seed: int) -> Request:
-        """The request of the choice with ``seed`` (already checked: only the seed differs)."""
-        return replace(self.request, seed=seed)
+    def request_for(self, choice: int) -> Request:
+        """The request of choice ``choice`` (already checked: only its seed and watermark salt
+        differ from choice 0's)."""
+        req = replace(self.request, seed=self.seeds[choice])
+        if self.salts and len(self.seeds) > 1:
+            assert req.watermark is not None
+            req = replace(req, watermark=req.watermark.with_salt(self.salts[choice]))
+        return req
 
 
 def context_window(model: Any) -> int | None:
@@ -167,6 +193,7 @@ def plan_request(
                 f"max_tokens to at most {window - len(prompt)} or shorten the prompt",
             )
 
+    watermark = _watermark(body, config)
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     try:
         request = Request(
@@ -182,11 +209,14 @@ def plan_request(
                 body.min_p,
             ),
             eos_token_id=list(getattr(target, "eos_token_ids", []) or []),
+            watermark=watermark,
         )
         request.check_models(target, draft if tree is not None else None)
     except ErsdError as exc:
         param = where if exc.param == "prompt" else exc.param or "request"
         hint = ""
+        if param == "watermark":
+            hint = " (this server watermarks every response)"
         if param == "tree":
             hint = (
                 " (or 'none' for target-only decoding)"
@@ -196,6 +226,17 @@ def plan_request(
         raise _bad(param, f"{exc}{hint}") from None
     # a negative or oversized seed failed above for every n: choice i's seed is derived from it
     seeds = [seed] if body.n == 1 else [derive_seed(seed, i) for i in range(body.n)]
+    salts: list[int] = []
+    if watermark is not None:
+        if body.n > watermark.num_salts:
+            raise _bad(
+                "n",
+                f"n={body.n} watermarked choices need {body.n} distinct salts but this server's "
+                f"key has num_salts={watermark.num_salts}; ask for at most "
+                f"{watermark.num_salts} choices (or raise num_salts in the key file)",
+            )
+        first = watermark.salt_for(seeds[0])
+        salts = [(first + i) % watermark.num_salts for i in range(body.n)]
     return Plan(
         model_name=config.model_name,
         request=replace(request, seed=seeds[0]),
@@ -203,7 +244,29 @@ def plan_request(
         stops=body.stops(),
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        salts=salts,
     )
+
+
+def _watermark(body: P.CompletionRequest | P.ChatCompletionRequest, config: ServeConfig) -> Any:
+    """The watermark of a request: the server's, unless the request opts out where allowed."""
+    if config.watermark is None:
+        if body.watermark:
+            raise _bad(
+                "watermark",
+                "this server has no watermark key, so it cannot watermark; leave watermark "
+                "unset (the operator starts ersd serve with --watermark-key-file to watermark)",
+            )
+        return None
+    if body.watermark is False:
+        if not config.watermark_opt_out:
+            raise _bad(
+                "watermark",
+                "this server watermarks every response and does not allow opting out; leave "
+                "watermark unset (the operator may allow it: --allow-watermark-opt-out)",
+            )
+        return None
+    return config.watermark
 
 
 def _tree(spec: str | None, draft: Any, config: ServeConfig) -> Any:

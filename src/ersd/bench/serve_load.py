@@ -49,14 +49,28 @@ class LoadSettings:
     tree: str | None = None  # ERSD requests' tree; None: the server's default
     baseline: bool = True  # also target-only decoding (tree "none") at every level
     warmup: int = 1  # requests before measuring
+    #: the server watermarks (and allows opting out): also ERSD with ``"watermark": false``
+    watermark_compare: bool = False
+    #: rounds over every (level, mode), the modes' order reversed in every other round
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ServeLoadError(
                 f"concurrency must be client counts >= 1, got {self.concurrency}; e.g. 1,4,8"
             )
-        if self.requests < 1 or self.max_tokens < 1 or self.warmup < 0:
-            raise ServeLoadError("requests and max_tokens must be >= 1 and warmup >= 0")
+        if self.requests < 1 or self.max_tokens < 1 or self.warmup < 0 or self.repeats < 1:
+            raise ServeLoadError("requests, max_tokens and repeats must be >= 1 and warmup >= 0")
+
+    def modes(self) -> list[tuple[str | None, dict[str, Any]]]:
+        """(tree, extra body fields) of every mode a level runs: ERSD, ERSD without the
+        watermark (``watermark_compare``), target-only (``baseline``)."""
+        out: list[tuple[str | None, dict[str, Any]]] = [(self.tree, {})]
+        if self.watermark_compare:
+            out.append((self.tree, {"watermark": False}))
+        if self.baseline:
+            out.append(("none", {}))
+        return out
 
 
 def _openai() -> Any:
@@ -77,10 +91,16 @@ def load_prompts(count: int) -> list[str]:
 
 
 def one_request(
-    client: Any, model: str, prompt: str, seed: int, s: LoadSettings, tree: str | None
+    client: Any,
+    model: str,
+    prompt: str,
+    seed: int,
+    s: LoadSettings,
+    tree: str | None,
+    body: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """One streaming completion: its tokens, TTFT, mean ITL and latency (seconds)."""
-    extra: dict[str, Any] = {"method": s.method}
+    extra: dict[str, Any] = {"method": s.method, **(body or {})}
     if tree is not None:
         extra["tree"] = tree
     t0 = time.perf_counter()
@@ -106,7 +126,14 @@ def one_request(
     return request_times(t0, first, last, tokens, time.perf_counter())
 
 
-def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None) -> dict[str, Any]:
+def run_level(
+    url: str,
+    model: str,
+    conc: int,
+    s: LoadSettings,
+    tree: str | None,
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``conc`` clients, ``s.requests`` requests each: one row of the table."""
     openai = _openai()
     texts = load_prompts(conc * s.requests)
@@ -116,14 +143,17 @@ def run_level(url: str, model: str, conc: int, s: LoadSettings, tree: str | None
 
         def run_client(c: int) -> list[dict[str, float]]:
             ids = range(c * s.requests, (c + 1) * s.requests)
-            return [one_request(client, model, texts[i], i, s, tree) for i in ids]
+            return [one_request(client, model, texts[i], i, s, tree, body) for i in ids]
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(conc) as pool:
             reqs = [r for rs in pool.map(run_client, range(conc)) for r in rs]
         wall = time.perf_counter() - t0
+    mode = "target-only" if tree == "none" else f"{s.method} {tree or '(server tree)'}"
+    if s.watermark_compare:
+        mode += " (no watermark)" if (body or {}).get("watermark") is False else " (watermarked)"
     return {
-        "mode": "target-only" if tree == "none" else f"{s.method} {tree or '(server tree)'}",
+        "mode": mode,
         "concurrency": conc,
         **level_stats(reqs, wall),
     }
@@ -170,18 +200,73 @@ def run_load(
             for i in range(s.warmup):
                 one_request(client, model, load_prompts(1)[0], 10_000 + i, s, s.tree)
         meta = {"model": model, **{k: v for k, v in asdict(s).items() if k != "concurrency"}}
-        for conc in s.concurrency:
-            for tree in (s.tree, "none") if s.baseline else (s.tree,):
-                row = {**meta, **run_level(url, model, conc, s, tree), "tree": tree}
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
+        for rep in range(s.repeats):
+            for conc in s.concurrency:
+                modes = s.modes() if rep % 2 == 0 else s.modes()[::-1]
+                for tree, body in modes:
+                    level = run_level(url, model, conc, s, tree, body)
+                    row = {**meta, **level, "tree": tree, "repeat": rep}
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
     except openai.OpenAIError as exc:
         raise ServeLoadError(
             f"a request to {url} failed ({type(exc).__name__}: {exc}); check that the server is "
             "up and accepts these settings (see its log)"
         ) from None
     return rows
+
+
+def watermark_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency: watermarked / unwatermarked ERSD tokens/s of each round (paired: same
+    level, neighbouring in time), their median, and the rounds' range."""
+    out = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        ratios = []
+        for rep in sorted({r.get("repeat", 0) for r in rows}):
+            at = [r for r in rows if r["concurrency"] == conc and r.get("repeat", 0) == rep]
+            wm = [r for r in at if r["mode"].endswith("(watermarked)")]
+            plain = [r for r in at if r["mode"].endswith("(no watermark)")]
+            if wm and plain:
+                ratios.append(wm[0]["tokens_per_s"] / plain[0]["tokens_per_s"])
+        if ratios:
+            out.append(
+                {
+                    "concurrency": conc,
+                    "ratios": ratios,
+                    "median": statistics.median(ratios),
+                    "min": min(ratios),
+                    "max": max(ratios),
+                }
+            )
+    return out
+
+
+def detect_throughput(url: str, texts: list[str], *, rounds: int = 3) -> dict[str, Any]:
+    """``POST /v1/watermark/detect`` over ``texts`` one after another, ``rounds`` times: the
+    median tokens scored per second (the server's tokenizing included) and per request."""
+    per_round = []
+    tokens = 0
+    for _ in range(rounds):
+        tokens = 0
+        t0 = time.perf_counter()
+        for text in texts:
+            req = urllib.request.Request(
+                f"{url}/v1/watermark/detect",
+                data=json.dumps({"text": text}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=600) as r:
+                tokens += int(json.loads(r.read())["num_tokens"])
+        per_round.append(time.perf_counter() - t0)
+    wall = statistics.median(per_round)
+    return {
+        "texts": len(texts),
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "requests_per_s": len(texts) / wall,
+        "round_seconds": per_round,
+    }
 
 
 def library_rows(

@@ -324,6 +324,28 @@ def _concurrency(ctx: click.Context, param: click.Parameter, value: str) -> list
     "process (same prompts, seeds and settings): the batch-1 figure the server is held against.",
 )
 @click.option(
+    "--watermark-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Start the server watermarking with this key (and --allow-watermark-opt-out) and run "
+    'every level watermarked and with "watermark": false side by side; with --detect-texts, '
+    "also time POST /v1/watermark/detect.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Rounds over every level and mode (the modes' order reversed every other round).",
+)
+@click.option(
+    "--detect-texts",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="With a watermark: texts (HumanEval prompts) scored by /v1/watermark/detect, timed.",
+)
+@click.option(
     "--startup-timeout",
     type=float,
     default=900.0,
@@ -350,6 +372,9 @@ def serve_load(
     warmup: int,
     no_baseline: bool,
     library: bool,
+    watermark_key_file: str | None,
+    repeats: int,
+    detect_texts: int,
     startup_timeout: float,
     out: str,
 ) -> None:
@@ -360,9 +385,12 @@ def serve_load(
     from ersd.bench.serve_load import (
         TABLE_HEADER,
         LoadSettings,
+        detect_throughput,
+        load_prompts,
         local_server,
         run_load,
         table_row,
+        watermark_ratios,
     )
     from ersd.errors import ErsdError
 
@@ -376,7 +404,11 @@ def serve_load(
             tree=tree,
             baseline=not no_baseline,
             warmup=warmup,
+            watermark_compare=watermark_key_file is not None,
+            repeats=repeats,
         )
+        if detect_texts and watermark_key_file is None:
+            raise click.UsageError("--detect-texts goes with --watermark-key-file")
         serve_args = [
             *models.cli_args(),
             "--method",
@@ -385,6 +417,8 @@ def serve_load(
             str(max_batch_size),
         ]
         serve_args += ["--tree", tree] if tree else []
+        if watermark_key_file is not None:
+            serve_args += ["--watermark-key-file", watermark_key_file, "--allow-watermark-opt-out"]
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
         server = nullcontext(url) if url else local_server(serve_args, timeout=startup_timeout)
@@ -411,7 +445,24 @@ def serve_load(
 
             for row in lib_rows:
                 on_row(row)
-            run_load(base.rstrip("/").removesuffix("/v1"), settings, on_row=on_row)
+            root = base.rstrip("/").removesuffix("/v1")
+            rows = run_load(root, settings, on_row=on_row)
+            for r in watermark_ratios(rows):
+                click.echo(
+                    f"watermarked / unwatermarked tokens/s at concurrency {r['concurrency']}: "
+                    f"median {r['median']:.3f} over {len(r['ratios'])} round(s) "
+                    f"[{r['min']:.3f}, {r['max']:.3f}]"
+                )
+                f.write(json.dumps({"kind": "watermark_ratio", **r}) + "\n")
+            if detect_texts:
+                texts = [t * 3 for t in load_prompts(detect_texts)]
+                d = detect_throughput(root, texts)
+                click.echo(
+                    f"/v1/watermark/detect: {d['tokens_per_s']:.0f} tokens/s, "
+                    f"{d['requests_per_s']:.1f} requests/s ({d['texts']} texts, "
+                    f"{d['tokens']} tokens, median of 3 rounds)"
+                )
+                f.write(json.dumps({"kind": "detect_throughput", **d}) + "\n")
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(str(path))

@@ -7,6 +7,10 @@ flat ``extra_args`` (the OpenAI server's ``vllm_xargs`` only carries flat values
     ersd_temperature  float >= 0 (default 1.0; 0 = greedy)
     ersd_top_k        int >= 1 (optional)
     ersd_top_p        float in (0, 1] (optional)
+    ersd_watermark_key_file  path of a private watermark key file (optional): every token is the
+                      winner of the secret-keyed race, exactly as ``ersd.generate(...,
+                      watermark=ersd.load_watermark(path))`` (docs/watermark.md#vllm)
+    ersd_watermark_context   int (optional): the watermark's context width, overriding the file's
 
 vLLM's greedy verification then performs ERSD's check on race-perturbed rows (docs/vllm.md).
 This module imports vLLM lazily: the request helpers need it, the parsing and checks do not.
@@ -14,14 +18,24 @@ This module imports vLLM lazily: the request helpers need it, the parsing and ch
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ersd.errors import ErsdError
 from ersd.probs import SamplingParams as ErsdSamplingParams
+from ersd.watermark.settings import Watermark, load_watermark
 
 #: The flat extra-argument names an ERSD request may carry.
-EXTRA_KEYS = ("ersd_seed", "ersd_temperature", "ersd_top_k", "ersd_top_p")
+EXTRA_KEYS = (
+    "ersd_seed",
+    "ersd_temperature",
+    "ersd_top_k",
+    "ersd_top_p",
+    "ersd_watermark_key_file",
+    "ersd_watermark_context",
+)
 
 
 class VllmIntegrationError(ErsdError):
@@ -34,6 +48,8 @@ class ErsdRequestParams:
 
     seed: int
     sampling: ErsdSamplingParams
+    #: the secret-keyed race this request's tokens win (None: the plain race of the seed)
+    watermark: Watermark | None = None
 
     @property
     def group(self) -> tuple[float, int | None, float | None]:
@@ -82,7 +98,47 @@ def parse_extra_args(extra_args: dict[str, Any] | None) -> ErsdRequestParams | N
         )
     except ErsdError as e:
         raise VllmIntegrationError(f"bad ERSD sampling settings in extra_args: {e}") from e
-    return ErsdRequestParams(seed=seed, sampling=sampling)
+    return ErsdRequestParams(
+        seed=seed, sampling=sampling, watermark=_watermark(extra_args, sampling)
+    )
+
+
+def _watermark(extra_args: dict[str, Any], sampling: ErsdSamplingParams) -> Watermark | None:
+    path = extra_args.get("ersd_watermark_key_file")
+    width = extra_args.get("ersd_watermark_context")
+    if path is None:
+        if width is not None:
+            raise VllmIntegrationError(
+                "ersd_watermark_context goes with ersd_watermark_key_file; add the key file"
+            )
+        return None
+    if not isinstance(path, str) or not path:
+        raise VllmIntegrationError(
+            f"ersd_watermark_key_file must be a file path (a string), got {type(path).__name__}"
+        )
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int)):
+        raise VllmIntegrationError(f"ersd_watermark_context must be an integer, got {width!r}")
+    if sampling.greedy:
+        raise VllmIntegrationError(
+            "a watermark needs sampling: at ersd_temperature 0 the text is the target's argmax "
+            "and carries no mark; use ersd_temperature > 0 (e.g. 0.7 or 1)"
+        )
+    try:
+        stat = os.stat(path)
+    except OSError:
+        raise VllmIntegrationError(
+            f"watermark key file {path} does not exist or cannot be read; make one with "
+            "`ersd watermark keygen --out FILE`"
+        ) from None
+    try:  # read once per file version: a request costs a dict lookup, not a file read
+        return _load(path, width, stat.st_mtime_ns, stat.st_size)
+    except ErsdError as e:
+        raise VllmIntegrationError(f"ersd_watermark_key_file: {e}") from None
+
+
+@lru_cache(maxsize=64)
+def _load(path: str, width: int | None, mtime_ns: int, size: int) -> Watermark:
+    return load_watermark(path, context_width=width)
 
 
 def check_request(params: Any, *, async_scheduling: bool = False) -> ErsdRequestParams | None:
@@ -138,13 +194,21 @@ def ersd_extra_args(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    *,
+    watermark_key_file: str | os.PathLike[str] | None = None,
+    watermark_context: int | None = None,
 ) -> dict[str, Any]:
-    """The flat extra arguments of an ERSD request (``vllm_xargs`` for the OpenAI client)."""
+    """The flat extra arguments of an ERSD request (``vllm_xargs`` for the OpenAI client);
+    ``watermark_key_file``: watermark it with that key (a path the vLLM process can read)."""
     out: dict[str, Any] = {"ersd_seed": int(seed), "ersd_temperature": float(temperature)}
     if top_k is not None:
         out["ersd_top_k"] = int(top_k)
     if top_p is not None:
         out["ersd_top_p"] = float(top_p)
+    if watermark_key_file is not None:
+        out["ersd_watermark_key_file"] = os.fspath(watermark_key_file)
+    if watermark_context is not None:
+        out["ersd_watermark_context"] = watermark_context
     parse_extra_args(out)  # validate now, not in the engine
     return out
 
@@ -154,10 +218,14 @@ def ersd_sampling_params(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    *,
+    watermark_key_file: str | os.PathLike[str] | None = None,
+    watermark_context: int | None = None,
     **vllm_kwargs: Any,
 ) -> Any:
     """A ``vllm.SamplingParams`` for an ERSD request (other vLLM settings via ``vllm_kwargs``,
-    e.g. ``max_tokens``, ``stop``, ``ignore_eos``)."""
+    e.g. ``max_tokens``, ``stop``, ``ignore_eos``); ``watermark_key_file`` as
+    :func:`ersd_extra_args`."""
     from vllm import SamplingParams
 
     if "temperature" in vllm_kwargs or "extra_args" in vllm_kwargs:
@@ -167,7 +235,14 @@ def ersd_sampling_params(
         )
     sp = SamplingParams(
         temperature=0.0,
-        extra_args=ersd_extra_args(seed, temperature, top_k, top_p),
+        extra_args=ersd_extra_args(
+            seed,
+            temperature,
+            top_k,
+            top_p,
+            watermark_key_file=watermark_key_file,
+            watermark_context=watermark_context,
+        ),
         **vllm_kwargs,
     )
     check_request(sp)

@@ -102,7 +102,7 @@ def _committed_key(runner: Any, st: _RunnerState, rid: str, p: ErsdRequestParams
             f"ERSD request {rid} has no prompt token ids (prompt embeddings?); ERSD keys its races "
             "by the token context, so send token or text prompts"
         )
-    return st.keys.key(rid, p.seed, req.prompt_token_ids, req.output_token_ids)
+    return st.keys.key(rid, p.seed, req.prompt_token_ids, req.output_token_ids, p.watermark)
 
 
 def patched_sample(orig: Any) -> Any:

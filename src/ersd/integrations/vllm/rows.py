@@ -23,20 +23,25 @@ import torch
 from ersd.integrations.vllm.params import ErsdRequestParams
 from ersd.probs import logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, extend_key, root_key
+from ersd.watermark.keyed import WatermarkKey, race_noise
+from ersd.watermark.settings import Watermark
 
-_NOISE: dict[int, RaceNoise] = {}
+_NOISE: dict[tuple[int, Watermark | None], RaceNoise] = {}
 #: Memory for cached races per vocabulary (bytes): the drafter races the contexts the verifier
 #: checks next, so a cache that holds a step's races halves the noise work with a draft model.
 NOISE_CACHE_BYTES = 512 << 20
 
 
-def noise_for(vocab_size: int) -> RaceNoise:
+def noise_for(vocab_size: int, watermark: Watermark | None = None) -> RaceNoise:
     """The process-wide :class:`~ersd.race.RaceNoise` of a vocabulary (its cache is shared by the
-    drafter and the verifier, which race the same contexts)."""
-    noise = _NOISE.get(vocab_size)
+    drafter and the verifier, which race the same contexts); with a watermark, that watermark's
+    keyed noise (:func:`ersd.watermark.keyed.race_noise`, as ``ersd.generate`` uses)."""
+    noise = _NOISE.get((vocab_size, watermark))
     if noise is None:
         size = max(16, NOISE_CACHE_BYTES // (8 * vocab_size))
-        noise = _NOISE[vocab_size] = RaceNoise(vocab_size, cache_size=size)
+        if watermark is not None:  # a few keys at most; each its own share of the budget
+            size = max(16, size // 4)
+        noise = _NOISE[(vocab_size, watermark)] = race_noise(vocab_size, watermark, size)
     return noise
 
 
@@ -84,7 +89,29 @@ def race_winners(
         else:
             t = torch.tensor(idx, device=rows.device)
             probs[t] = logits_to_probs(rows[t], sampling)
-    return race_argmin(probs, race_exponentials(keys, vocab, rows.device))
+    return race_argmin(probs, row_exponentials(keys, params, vocab, rows.device))
+
+
+def row_exponentials(
+    keys: Sequence[int],
+    params: Sequence[ErsdRequestParams],
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """``E`` of every row: :func:`race_exponentials` for plain rows, the watermark's keyed noise
+    (on the host, then moved) for watermarked ones."""
+    marked = [r for r, p in enumerate(params) if p.watermark is not None]
+    if not marked:
+        return race_exponentials(keys, vocab_size, device)
+    out = torch.empty((len(keys), vocab_size), dtype=torch.float64, device=device)
+    plain = [r for r, p in enumerate(params) if p.watermark is None]
+    if plain:
+        idx = torch.tensor(plain, device=device)
+        out[idx] = race_exponentials([keys[r] for r in plain], vocab_size, device)
+    for r in marked:
+        noise = noise_for(vocab_size, params[r].watermark)
+        out[r] = noise.exponentials(keys[r], STREAM_RACE).to(device)
+    return out
 
 
 def race_argmin(probs: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
@@ -97,18 +124,32 @@ class ContextKeys:
     incrementally: a step costs one :func:`~ersd.race.extend_key` per new token."""
 
     def __init__(self) -> None:
-        self._state: dict[str, tuple[int, int, int]] = {}  # req_id -> (seed, n_output, key)
+        # req_id -> (seed, watermark, n_output, key)
+        self._state: dict[str, tuple[int, Watermark | None, int, int]] = {}
 
-    def key(self, req_id: str, seed: int, prompt: Sequence[int], output: Sequence[int]) -> int:
+    def key(
+        self,
+        req_id: str,
+        seed: int,
+        prompt: Sequence[int],
+        output: Sequence[int],
+        watermark: Watermark | None = None,
+    ) -> int:
+        """The key of (seed, prompt, output so far); with a watermark a
+        :class:`~ersd.watermark.keyed.WatermarkKey` whose window holds the output's last tokens,
+        exactly as :meth:`ersd.Request.root_key` then the loop's extensions make it."""
         st = self._state.get(req_id)
         n = len(output)
-        if st is None or st[0] != seed or st[1] > n:
+        key: int
+        if st is None or st[0] != seed or st[1] != watermark or st[2] > n:
             key, done = root_key(seed, prompt), 0
+            if watermark is not None:
+                key = WatermarkKey.root(key, watermark, seed)
         else:
-            _, done, key = st
+            _, _, done, key = st
         for t in output[done:n]:
             key = extend_key(key, int(t))
-        self._state[req_id] = (seed, n, key)
+        self._state[req_id] = (seed, watermark, n, key)
         return key
 
     def retain(self, live: set[str]) -> None:

@@ -274,3 +274,43 @@ def test_text_stream_never_emits_past_a_stop(stop: list[str], pieces: list[str],
     for k in range(1, len(deltas) + 1):  # no prefix of the stream ever shows a stop or U+FFFD
         assert "\ufffd" not in "".join(deltas[:k])
         assert not any(s in "".join(deltas[:k]) for s in stop)
+
+
+@pytest.mark.parametrize("watermarked", [False, True])
+def test_a_rebuilt_row_continues_exactly_watermark_included(watermarked: bool) -> None:
+    """The serving loop rebuilds a failed step's rows from prompt + delivered tokens
+    (:meth:`Job.continued`): the rebuilt row goes on with exactly the tokens the old one would
+    have given -- with a watermark too (the delivered tokens stay generated: same windows)."""
+    from ersd.request import Request
+    from ersd.serve.engine import Job
+
+    target, draft = _models()
+    wm = ersd.Watermark(key=b"k" * 32) if watermarked else None
+    req = Request([5, 6, 7], max_new_tokens=30, seed=9, tree="chain:3", watermark=wm)
+    full = ersd.BatchEngine(target, draft)
+    full.add(req)
+    whole: list[int] = []
+    for _ in range(100):  # capped: at most one step per token
+        if len(whole) >= 30:
+            break
+        whole += [t for _, rec, _ in full.step() for t in rec.tokens]
+    job = Job(req, lambda ev: None, tokens=whole[:11])
+    rebuilt = ersd.BatchEngine(target, draft)
+    rebuilt.add(job.continued())
+    rest: list[int] = []
+    for _ in range(100):
+        if len(rest) >= 19:
+            break
+        rest += [t for _, rec, _ in rebuilt.step() for t in rec.tokens]
+    assert len(whole) == 30 and whole[:11] + rest == whole
+    if watermarked:  # without `resumed` the windows would restart: a different text
+        from dataclasses import replace
+
+        naive = ersd.BatchEngine(target, draft)
+        naive.add(replace(job.continued(), resumed=0))
+        other: list[int] = []
+        for _ in range(100):
+            if len(other) >= 19:
+                break
+            other += [t for _, rec, _ in naive.step() for t in rec.tokens]
+        assert other != rest

@@ -63,13 +63,15 @@ class Job:
 
     def continued(self) -> Request:
         """The request that continues this job from what it delivered (race keys depend only on
-        the seed and the context, so it goes on with exactly the tokens the job would have)."""
+        the seed and the context, so it goes on with exactly the tokens the job would have; the
+        delivered tokens count as generated, so a watermark's windows go on too)."""
         if not self.tokens:
             return self.request
         return replace(
             self.request,
             prompt=(*self.request.prompt, *self.tokens),
             max_new_tokens=self.request.max_new_tokens - len(self.tokens),
+            resumed=self.request.resumed + len(self.tokens),
         )
 
 

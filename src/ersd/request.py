@@ -244,7 +244,8 @@ class Request:
         meth = self.verification
         rule = rule_for(meth, self.sampling)
         info = meth.info
-        if self.watermark is not None and drafter is not None and not (info and info.race_output):
+        watermark_aware = info is not None and (info.race_output or info.watermark is not None)
+        if self.watermark is not None and drafter is not None and not watermark_aware:
             raise WatermarkError(
                 f"method {meth.name!r} emits draft samples and corrections that are not the "
                 "target's keyed race winner, so its text would be only partly marked; watermark "

@@ -160,7 +160,7 @@ def compare_part(
                     ids,
                     max_new_tokens=max_new_tokens,
                     method=cfg.method,
-                    tree=cfg.tree,
+                    tree=cfg.tree or "chain:1",  # no draft: the tree is not used
                     temperature=temp,
                     seed=j,
                     eos_token_id=eos,

@@ -215,15 +215,18 @@ def weighted_gamma_p_value(score: float, n: int, alpha: float) -> float:
         return gamma_p_value(score, n)
     if a == b:
         return gamma_p_value(score / a, 2 * n)
-    from scipy import integrate, stats
+    from scipy import integrate
 
-    if a < b:  # integrate over the variable with the smaller weight's partner: either works
+    if a < b:  # X and Y are exchangeable: integrate over the one with the smaller weight
         a, b = b, a
     cut = score / b  # Y beyond this alone passes the score
-    dens = stats.gamma(n).pdf
+    log_norm = math.lgamma(n)
 
-    def f(y: float) -> float:
-        return float(dens(y) * gammaincc(n, (score - b * y) / a))
+    def f(y: float) -> float:  # Gamma(n, 1) density of Y times X's survival
+        if y <= 0.0:
+            return 0.0
+        dens = math.exp((n - 1) * math.log(y) - y - log_norm)
+        return dens * float(gammaincc(n, (score - b * y) / a))
 
     tail = float(gammaincc(n, cut))
     # the integrand's mass sits near Y's mode and near the cut: tell the quadrature

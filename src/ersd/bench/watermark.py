@@ -54,6 +54,10 @@ EDIT_RATES = (0.1, 0.2, 0.3)
 BENCH_KEY = hashlib.sha256(b"ersd-bench-watermark").digest()
 
 
+def _write_json(path: Path, record: Any) -> None:
+    path.write_text(json.dumps(record))
+
+
 def bench_watermark(context_width: int = 4) -> Watermark:
     return Watermark(key=BENCH_KEY, context_width=context_width)
 
@@ -736,6 +740,7 @@ def run(
             max_new_tokens,
             log,
             batch_size=compare_batch,
+            checkpoint=lambda part: _write_json(out_dir / "compare.json", part),
         )
         (out_dir / "compare.json").write_text(json.dumps(cp))
     return write_report(out_dir)

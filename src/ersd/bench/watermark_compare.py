@@ -122,19 +122,33 @@ def compare_part(
     max_new_tokens: int,
     log: Callable[[str], None],
     batch_size: int = 1,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Every configuration on every prompt (module doc); ``checkpoint`` gets the part so far
+    after each prompt (chunk), so a run cut short keeps what it measured."""
     import ersd
 
     eos = getattr(target, "eos_token_ids", None)
     cfgs = configs(trees)
     runs: list[dict[str, Any]] = []
-    if batch_size <= 1:
-        ersd.generate(target, draft, prompts[0][2], max_new_tokens=4, tree=trees[0])  # warm-up
-    for temp in temperatures:
-        if batch_size > 1:
-            for cfg in cfgs:
-                for i in range(0, len(prompts), batch_size):
-                    chunk = prompts[i : i + batch_size]
+
+    def part() -> dict[str, Any]:
+        return {
+            "key": wm.fingerprint,
+            "trees": list(trees),
+            "batched": batch_size > 1,
+            "dual_alphas": list(DUAL_ALPHAS),
+            "runs": runs,
+            "summary": compare_summary(runs),
+        }
+
+    if batch_size > 1:
+        # chunk by chunk, every temperature and configuration per chunk: a run cut short keeps
+        # every configuration on the same prompts
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i : i + batch_size]
+            for temp in temperatures:
+                for cfg in cfgs:
                     res = ersd.generate_batch(
                         target,
                         draft if cfg.tree else None,
@@ -149,9 +163,13 @@ def compare_part(
                     )
                     for (pid, _, _), r in zip(chunk, res, strict=True):
                         runs.append(_record(cfg, pid, temp, r, wm, True))
-                log(f"[compare] T={temp} {cfg.key}: {len(prompts)} texts")
-            continue
-        for j, (pid, _, ids) in enumerate(prompts):
+            log(f"[compare] prompts {i + len(chunk)}/{len(prompts)} done")
+            if checkpoint is not None:
+                checkpoint(part())
+        return part()
+    ersd.generate(target, draft, prompts[0][2], max_new_tokens=4, tree=trees[0])  # warm-up
+    for j, (pid, _, ids) in enumerate(prompts):
+        for temp in temperatures:
             k = j % len(cfgs)
             for cfg in cfgs[k:] + cfgs[:k]:  # rotate the order by prompt
                 r = ersd.generate(
@@ -167,15 +185,10 @@ def compare_part(
                     watermark=wm if cfg.watermarked else None,
                 )
                 runs.append(_record(cfg, pid, temp, r, wm, False))
-            log(f"[compare] T={temp} prompt {j + 1}/{len(prompts)} {pid}")
-    return {
-        "key": wm.fingerprint,
-        "trees": list(trees),
-        "batched": batch_size > 1,
-        "dual_alphas": list(DUAL_ALPHAS),
-        "runs": runs,
-        "summary": compare_summary(runs),
-    }
+            log(f"[compare] prompt {j + 1}/{len(prompts)} {pid} T={temp}")
+            if checkpoint is not None:
+                checkpoint(part())
+    return part()
 
 
 def _t_interval(values: Sequence[float]) -> dict[str, Any]:

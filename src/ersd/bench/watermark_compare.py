@@ -163,6 +163,7 @@ def compare_part(
                     )
                     for (pid, _, _), r in zip(chunk, res, strict=True):
                         runs.append(_record(cfg, pid, temp, r, wm, True))
+                    log(f"[compare] prompts {i + 1}-{i + len(chunk)} T={temp} {cfg.key}")
             log(f"[compare] prompts {i + len(chunk)}/{len(prompts)} done")
             if checkpoint is not None:
                 checkpoint(part())

@@ -249,7 +249,9 @@ class Request:
             raise WatermarkError(
                 f"method {meth.name!r} emits draft samples and corrections that are not the "
                 "target's keyed race winner, so its text would be only partly marked; watermark "
-                "with method='ersd' (every token is the keyed race's winner) or without a draft",
+                "with method='ersd' (every token is the keyed race's winner) or without a draft "
+                "(the engines' partial schemes are the baselines 'sd-wm-target', "
+                "'specinfer-wm-target' and 'sd-dual-key')",
                 param="watermark",
             )
         shape = label = chooser = None

@@ -26,9 +26,10 @@ export ERSD_REQUIRE_LLAMACPP=${ERSD_REQUIRE_LLAMACPP:-1}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -n 2 -m "not slow" --ignore=tests/test_vllm.py --ignore=tests/test_vllm_watermark.py "$@"
+python -m pytest -n 2 -m "not slow" --ignore=tests/test_vllm.py --ignore=tests/test_vllm_watermark.py \
+  --ignore=tests/test_vllm_watermark_baselines.py "$@"
 if [[ "${ERSD_VLLM_TESTS:-1}" != "0" ]]; then
   bash scripts/setup-vllm.sh
   ERSD_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -p no:cacheprovider tests/test_vllm.py \
-    tests/test_vllm_watermark.py
+    tests/test_vllm_watermark.py tests/test_vllm_watermark_baselines.py
 fi

@@ -49,6 +49,10 @@ STREAM_DRAFT = 1 << 20
 STREAM_VERIFY = 2 << 20
 #: Stream of residual ("recovered token") races of the rejection-based baselines.
 STREAM_RESIDUAL = 3 << 20
+#: Races of the dual-key watermark baseline: drafts race on key A, residual and bonus on key B
+#: (keyed by the watermark's derived keys, :mod:`ersd.watermark.keyed`; unkeyed otherwise).
+STREAM_KEY_A = 4 << 20
+STREAM_KEY_B = 5 << 20
 
 
 def _mix64(x: int) -> int:

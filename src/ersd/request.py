@@ -256,11 +256,14 @@ class Request:
         meth = self.verification
         rule = rule_for(meth, self.sampling)
         info = meth.info
-        if self.watermark is not None and drafter is not None and not (info and info.race_output):
+        watermark_aware = info is not None and (info.race_output or info.watermark is not None)
+        if self.watermark is not None and drafter is not None and not watermark_aware:
             raise WatermarkError(
                 f"method {meth.name!r} emits draft samples and corrections that are not the "
                 "target's keyed race winner, so its text would be only partly marked; watermark "
-                "with method='ersd' (every token is the keyed race's winner) or without a draft",
+                "with method='ersd' (every token is the keyed race's winner) or without a draft "
+                "(the engines' partial schemes are the baselines 'sd-wm-target', "
+                "'specinfer-wm-target' and 'sd-dual-key')",
                 param="watermark",
             )
         shape = label = chooser = None

@@ -17,7 +17,10 @@ records and ``DIR/report.md`` (with figures):
   at random: TPR;
 * ``speed`` — watermarked and unwatermarked ERSD side by side on the same prompts (order
   alternated): tokens per target call and tokens/s, paired ratios with t-intervals; the keyed
-  PRF's cost per drafted context against the unkeyed race's; detector throughput.
+  PRF's cost per drafted context against the unkeyed race's; detector throughput;
+* ``compare`` — watermarked ERSD side by side with the engines' schemes in our loop (target-only
+  watermarking, dual-key SD, watermarked autoregressive sampling) and unwatermarked ERSD / SD:
+  tokens per call, tokens/s, detection (:mod:`ersd.bench.watermark_compare`).
 
 The benchmark key is a fixed, public derivation (``sha256("ersd-bench-watermark")``), never a
 real secret; records show its fingerprint.
@@ -45,10 +48,14 @@ from scipy import stats
 from ersd.watermark import Watermark, detect
 from ersd.watermark.detect import encode_text
 
-PARTS = ("fpr", "detect", "robust", "speed")
+PARTS = ("fpr", "detect", "robust", "speed", "compare")
 LENGTHS = (16, 32, 64, 128)
 EDIT_RATES = (0.1, 0.2, 0.3)
 BENCH_KEY = hashlib.sha256(b"ersd-bench-watermark").digest()
+
+
+def _write_json(path: Path, record: Any) -> None:
+    path.write_text(json.dumps(record))
 
 
 def bench_watermark(context_width: int = 4) -> Watermark:
@@ -566,6 +573,10 @@ def write_report(out_dir: Path) -> Path:
                 "(one core)."
             ]
         lines.append("")
+    if "compare" in parts:
+        from ersd.bench.watermark_compare import report_lines
+
+        lines += report_lines(parts["compare"])
     if "fpr" in parts or "detect" in parts:
         lines += ["![p-value QQ plot](qq.png)", ""]
     _figures(out_dir, parts)
@@ -648,6 +659,8 @@ def run(
     speed_prompts: int = 8,
     speed_tokens: int = 64,
     trees: Sequence[str] = ("chain:6", "multi:2x3"),
+    compare_prompts: int = 12,
+    compare_batch: int = 1,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -712,4 +725,22 @@ def run(
             shares[tree] = keyed_s * steps * races / wall if wall else math.nan
         sp["prf_share"] = shares
         (out_dir / "speed.json").write_text(json.dumps(sp))
+    if "compare" in parts:
+        from ersd.bench.watermark_compare import compare_part
+
+        plist = _prompts(tok, compare_prompts)
+        plist = plist[:: max(1, len(plist) // compare_prompts)][:compare_prompts]
+        cp = compare_part(
+            target,
+            draft,
+            plist,
+            wm,
+            trees,
+            temperatures,
+            max_new_tokens,
+            log,
+            batch_size=compare_batch,
+            checkpoint=lambda part: _write_json(out_dir / "compare.json", part),
+        )
+        (out_dir / "compare.json").write_text(json.dumps(cp))
     return write_report(out_dir)

@@ -481,6 +481,14 @@ def serve_load(
 @click.option("--speed-prompts", type=int, default=8, show_default=True)
 @click.option("--speed-tokens", type=int, default=64, show_default=True)
 @click.option("--trees", default="chain:6,multi:2x3", show_default=True, help="speed, identity.")
+@click.option("--compare-prompts", type=int, default=12, show_default=True, help="compare.")
+@click.option(
+    "--compare-batch",
+    type=int,
+    default=1,
+    show_default=True,
+    help="compare: > 1 generates in batches (detection and tokens/call only, no timings).",
+)
 @click.option("--report-only", is_flag=True, help="Rewrite report.md from the records in --out.")
 def watermark_bench(
     parts: tuple[str, ...],
@@ -495,9 +503,11 @@ def watermark_bench(
     speed_prompts: int,
     speed_tokens: int,
     trees: str,
+    compare_prompts: int,
+    compare_batch: int,
     report_only: bool,
 ) -> None:
-    """The watermark benchmark: PARTS among fpr, detect, robust, speed (or all).
+    """The watermark benchmark: PARTS among fpr, detect, robust, speed, compare (or all).
 
     fpr needs only the target's tokenizer; detect/robust sample from the target (batched
     target-only, which gives the same text as watermarked ERSD; checked on a subset with the
@@ -524,7 +534,7 @@ def watermark_bench(
     except ValueError:
         raise click.UsageError("--temperatures and --seeds are comma-separated numbers") from None
     try:
-        needs_model = any(p in chosen for p in ("detect", "robust", "speed"))
+        needs_model = any(p in chosen for p in ("detect", "robust", "speed", "compare"))
         if needs_model:
             pair = load_pair(models)
             target, draft, tok = pair.target, pair.draft, pair.target.tokenizer
@@ -552,6 +562,8 @@ def watermark_bench(
             speed_prompts=speed_prompts,
             speed_tokens=speed_tokens,
             trees=tree_list,
+            compare_prompts=compare_prompts,
+            compare_batch=compare_batch,
             log=_echo_err,
         )
     except ErsdError as exc:

@@ -44,6 +44,12 @@ class MethodInfo:
     #: every emitted token is the target's own race winner (stream 0) at its context, so a
     #: keyed race watermarks all of them (ersd.watermark); rejection methods emit draft samples
     race_output: bool = False
+    #: a watermark baseline's scheme: "target-only" (drafts unmarked; corrections and bonus
+    #: tokens are the keyed race's winners) or "dual-key" (drafts on key A, the rest on key B);
+    #: such methods accept a watermark with a draft (``WATERMARK_BASELINES``)
+    watermark: str | None = None
+    #: where a baseline comes from (an engine's scheme or a paper)
+    source: str = ""
 
     def shapes(self, k: int, style: str = "natural") -> list[str]:
         """Tree specs of the templates of ``style`` at budget ``k`` (unchecked, may repeat);
@@ -170,11 +176,72 @@ CATALOG: dict[str, MethodInfo] = {
 #: every method, in listing order (CLI choices, theory tables)
 METHOD_NAMES: tuple[str, ...] = tuple(CATALOG)
 
+#: The engines' speculative watermark schemes, implemented in our loop as benchmark baselines
+#: (docs/watermark.md, "Comparison with the engines' schemes").  Kept out of :data:`CATALOG`:
+#: they are SD / SpecInfer with keyed residual and bonus races, not new verification methods,
+#: and with no watermark they sample exactly like SD / SpecInfer with a race for the residual.
+#: ``ersd.get_method`` finds them by name.  The third baseline, watermarked autoregressive
+#: sampling, needs no method: it is target-only decoding with a watermark (``draft=None``).
+WATERMARK_BASELINES: dict[str, MethodInfo] = {
+    i.name: i
+    for i in (
+        MethodInfo(
+            name="sd-wm-target",
+            display="SD, target-only watermark",
+            summary="SD whose corrections and bonus tokens are the keyed race's winners; "
+            "accepted drafts unmarked",
+            supported_shapes="chains only (every node has at most one child, e.g. 'chain:4')",
+            max_children=1,
+            child_order=True,
+            report_order=7,
+            colour="#8c564b",
+            natural=("chain:{k}",),
+            minimal=("chain:{k}",),
+            watermark="target-only",
+            source="vLLM 0.32 WatermarkConfig(allow_target_only_watermarking=True): draft tokens "
+            "unwatermarked, recovered and bonus tokens from the target's keyed Gumbel race",
+        ),
+        MethodInfo(
+            name="specinfer-wm-target",
+            display="SpecInfer, target-only watermark",
+            summary="SpecInfer whose corrections and bonus tokens are the keyed race's winners; "
+            "accepted drafts unmarked",
+            supported_shapes="any tree (children are i.i.d. draft lanes)",
+            max_children=None,
+            child_order=True,
+            report_order=8,
+            colour="#e377c2",
+            natural=_MULTI_DRAFT,
+            minimal=_MULTI_MINIMAL,
+            watermark="target-only",
+            source="vLLM 0.32 allow_target_only_watermarking, extended to multi-draft trees "
+            "(recursive rejection over i.i.d. drafts, the keyed race draws the last residual)",
+        ),
+        MethodInfo(
+            name="sd-dual-key",
+            display="SD, dual-key watermark",
+            summary="SD whose drafts are key-A race winners over q (accepted w.p. min(1, p/q)) "
+            "and whose corrections and bonus tokens are key-B race winners",
+            supported_shapes="chains only (every node has at most one child, e.g. 'chain:4')",
+            max_children=1,
+            child_order=True,
+            report_order=9,
+            colour="#bcbd22",
+            natural=("chain:{k}",),
+            minimal=("chain:{k}",),
+            watermark="dual-key",
+            source="vLLM 0.32 algorithm='dual_key_gumbel' (DualKeyGumbelWatermarker: "
+            "derive_watermark_key(key, b'key_a' / b'key_b')); SynthID-Text's speculative "
+            "sampling with two watermarking keys (Dathathri et al., Nature 2024)",
+        ),
+    )
+}
+
 
 def method_info(name: str) -> MethodInfo:
     """The catalog entry of ``name``, or :class:`UnknownMethodError` listing the known names."""
     try:
-        return CATALOG[name]
+        return CATALOG[name] if name in CATALOG else WATERMARK_BASELINES[name]
     except (KeyError, TypeError):
         raise UnknownMethodError(
             f"unknown method {name!r}; known methods: {', '.join(sorted(CATALOG))}"

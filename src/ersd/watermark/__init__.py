@@ -11,13 +11,14 @@ the same whatever the drafter, tree, batch or backend.  See docs/watermark.md.
 * :mod:`ersd.watermark.prf` -- the two keyed PRFs (default BLAKE2b + Philox, vLLM-compatible);
 * :mod:`ersd.watermark.keyed` -- the keyed race inside the loop (repeated windows, salts);
 * :func:`detect` -- the model-free detector (exact Gamma p-value);
+* :func:`detect_dual` -- the two-key detector of the dual-key baseline (``sd-dual-key``);
 * :func:`audit` -- with the target at hand, check a transcript token by token.
 """
 
 from __future__ import annotations
 
 from ersd.watermark.audit import AuditReport, audit
-from ersd.watermark.detect import Detection, detect
+from ersd.watermark.detect import Detection, detect, detect_dual
 from ersd.watermark.settings import SCHEMES, Watermark, load_watermark, write_key_file
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Watermark",
     "audit",
     "detect",
+    "detect_dual",
     "load_watermark",
     "write_key_file",
 ]

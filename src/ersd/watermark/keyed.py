@@ -12,8 +12,10 @@ noise (that would pull the text towards repeating itself and count correlated te
 score); its race draws the unkeyed noise of (seed, salt, full context) instead, which is still a
 deterministic function of the context (so ERSD stays drafter invariant) and independent of every
 other race.  The detector skips those positions (:func:`ersd.watermark.detect`): it sees the same
-windows, so it knows which ones they are.  Other streams (the baselines' lanes and coins) always
-use the unkeyed noise.
+windows, so it knows which ones they are.  Streams :data:`~ersd.race.STREAM_KEY_A` and
+:data:`~ersd.race.STREAM_KEY_B` (the dual-key baseline's races) are keyed the same way by the
+watermark's derived keys A and B (:meth:`Watermark.derive`).  Other streams (the baselines'
+lanes and coins) always use the unkeyed noise.
 
 Exactness: each race's noise is fresh given everything before it (a new window's PRF value was
 never used in this text; a repeated window's fallback is keyed by a never-seen full context), so
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ersd.race import STREAM_RACE, RaceNoise, mix_token
+from ersd.race import STREAM_KEY_A, STREAM_KEY_B, STREAM_RACE, RaceNoise, mix_token
 from ersd.watermark.prf import WatermarkPRF
 from ersd.watermark.settings import Watermark
 
@@ -84,15 +86,21 @@ class WatermarkNoise(RaceNoise):
     def __init__(self, vocab_size: int, watermark: Watermark, cache_size: int = 64) -> None:
         super().__init__(vocab_size, cache_size)
         self.watermark = watermark
-        self._prfs: dict[int, WatermarkPRF] = {}
+        self._prfs: dict[tuple[int, int], WatermarkPRF] = {}
+        self._keys = {
+            STREAM_RACE: watermark,
+            STREAM_KEY_A: watermark.derive("key_a"),
+            STREAM_KEY_B: watermark.derive("key_b"),
+        }
 
     def __repr__(self) -> str:
         return f"WatermarkNoise(vocab_size={self.vocab_size}, {self.watermark!r})"
 
-    def prf(self, salt: int) -> WatermarkPRF:
-        prf = self._prfs.get(salt)
+    def prf(self, salt: int, stream: int = STREAM_RACE) -> WatermarkPRF:
+        """The keyed PRF of ``salt`` for a keyed ``stream`` (the race's, or key A's / B's)."""
+        prf = self._prfs.get((salt, stream))
         if prf is None:
-            prf = self._prfs[salt] = self.watermark.prf(salt)
+            prf = self._prfs[(salt, stream)] = self._keys[stream].prf(salt)
         return prf
 
     def _draw(self, key: int, stream: int) -> np.ndarray:
@@ -101,9 +109,9 @@ class WatermarkNoise(RaceNoise):
                 "WatermarkNoise needs WatermarkKey race keys (the loop makes them from the "
                 "request's watermark); got a plain key"
             )
-        if stream != STREAM_RACE or key.repeated:
+        if stream not in self._keys or key.repeated:
             return super()._draw(int(key), stream)
-        u = self.prf(key.salt).uniforms(key.window, self.vocab_size)
+        u = self.prf(key.salt, stream).uniforms(key.window, self.vocab_size)
         return -np.log(u)  # U lies strictly inside (0, 1): E is finite and > 0
 
 

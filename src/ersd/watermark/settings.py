@@ -36,6 +36,8 @@ DEFAULT_CONTEXT_WIDTH = 4
 DEFAULT_NUM_SALTS = 8
 MAX_CONTEXT_WIDTH = 64
 MAX_NUM_SALTS = 1024
+#: the derived keys of the dual-key baseline (vLLM's ``derive_watermark_key`` domains)
+DERIVED_ROLES: tuple[str, ...] = ("key_a", "key_b")
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,31 @@ class Watermark:
 
     def with_salt(self, salt: int | None) -> Watermark:
         return replace(self, salt=salt)
+
+    def derive(self, role: str) -> Watermark:
+        """The watermark of a derived key: ``role`` ``"key_a"`` or ``"key_b"`` of the dual-key
+        baseline (:mod:`ersd.methods.watermark_baselines`), other settings unchanged.
+
+        ``vllm-philox``: vLLM's ``derive_watermark_key`` (``sha256(role || key as 8 big-endian
+        bytes)[:8]``, big-endian), so ``DualKeyGumbelWatermarkDetector`` with the same key scores
+        our text; ``ersd-v1``: a domain-separated keyed BLAKE2b of ``role`` under the key (32
+        bytes).  One derived key reveals nothing about the other or the master key.
+        """
+        if role not in DERIVED_ROLES:
+            raise WatermarkError(
+                f"unknown derived-key role {role!r}; use one of {', '.join(DERIVED_ROLES)}"
+            )
+        domain = role.encode()
+        key: bytes | int
+        if self.scheme == "ersd-v1":
+            assert isinstance(self.key, bytes)
+            key = hashlib.blake2b(
+                domain, key=self.key, digest_size=32, person=b"ersd-wm-derive"
+            ).digest()
+        else:
+            digest = hashlib.sha256(domain + int(self.key).to_bytes(8, "big")).digest()
+            key = int.from_bytes(digest[:8], "big")
+        return replace(self, key=key)
 
     def prf(self, salt: int) -> WatermarkPRF:
         """The keyed PRF of ``salt`` (:mod:`ersd.watermark.prf`)."""

@@ -252,6 +252,12 @@ def test_policies_and_bad_detection_requests(marked: Server, plain: Server) -> N
             c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
         assert "temperature" in err.value.body["message"]
         SEEN.append(json.dumps(err.value.body))
+        for method in ("sd", "sd-dual-key"):  # not every token is the keyed race's winner
+            with pytest.raises(openai.BadRequestError) as err:
+                c.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"method": method}
+                )
+            assert err.value.body["param"] == "method" and "'ersd'" in err.value.body["message"]
     for body, param in [
         ({"text": "a b", "token_ids": [1, 2]}, None),  # both
         ({}, None),  # neither

@@ -224,6 +224,14 @@ def plan_request(
                 else " (the server's default tree; pass a tree it supports)"
             )
         raise _bad(param, f"{exc}{hint}") from None
+    info = request.verification.info
+    if watermark is not None and tree is not None and not (info and info.race_output):
+        raise _bad(
+            "method",
+            f"method {request.verification.name!r} does not mark every token with the keyed "
+            "race (the engines' watermark schemes are benchmark baselines; this server's "
+            "detector scores the ERSD race); use method 'ersd', or tree 'none'",
+        )
     # a negative or oversized seed failed above for every n: choice i's seed is derived from it
     seeds = [seed] if body.n == 1 else [derive_seed(seed, i) for i in range(body.n)]
     salts: list[int] = []

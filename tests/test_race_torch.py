@@ -1,4 +1,4 @@
-"""The torch race (:mod:`ersd.race_torch`) against the NumPy reference (:class:`ersd.race.RaceNoise`).
+"""The torch race (:mod:`ersd.race_torch`) against the NumPy reference (:class:`RaceNoise`).
 
 Whole races over a real vocabulary size, every stream kind, with the tail and wedge words counted
 so that a race set without them cannot pass; then crafted word sequences dense in tails and wedge

@@ -8,7 +8,8 @@ own time, plus the split of the decode steps (target forwards / draft forwards /
 (1 thread) and side by side (torch's thread count), alternating, ``--repeats`` times each, and
 prints each run's split and the median "other" share per setting.  With ``--compare-verify``,
 no profiler: the engine's batched ERSD verification (:mod:`ersd.verify_batch`) against the
-node-by-node walk (the same tokens, checked), alternating, for every ``--batch`` and ``--tree``
+node-by-node walk and the entry-wise finiteness check of every scored row, i.e. the code before
+issue 28 (the same tokens, checked), alternating, for every ``--batch`` and ``--tree``
 given (comma-separated), ``--repeats`` pairs each: each run's non-forward share of the decode
 steps and tokens/s, then per configuration the medians and the paired ratio.  Run alone:
 
@@ -31,6 +32,13 @@ import torch
 import ersd
 from ersd.batch import BatchEngine
 from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.models import checks
+
+_all_finite = checks.all_finite
+
+
+def _all_finite_entrywise(logits: torch.Tensor) -> bool:
+    return bool(torch.isfinite(logits).all())
 
 
 def run(
@@ -41,6 +49,9 @@ def run(
     engine = BatchEngine(target, draft)
     engine.workers = workers
     engine.batched_verify = batched
+    # the reference ("node-by-node") is the code before issue 28: node-by-node verification
+    # and the entry-wise finiteness check of every scored row
+    checks.all_finite = _all_finite if batched else _all_finite_entrywise
     for i, p in enumerate(ids):
         engine.add(p, max_new_tokens=tokens, seed=i, tree=tree, temperature=1.0)
     texts: dict[int, list[int]] = {}

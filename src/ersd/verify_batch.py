@@ -47,7 +47,7 @@ from ersd.race import STREAM_RACE, RaceNoise
 
 def batches(rule: Method) -> bool:
     """Whether :func:`verify_many` verifies ``rule``: ERSD with its own node rules."""
-    cls = type(rule)
+    cls: Any = type(rule)
     return (
         isinstance(rule, ERSD)
         and cls.verify_node is ERSD.verify_node
@@ -229,10 +229,12 @@ def _verify_levels(
         walking = [i for i in walking if token[i] is None]
     out = []
     for i in range(n):
-        y = token[i]
-        assert y is not None
-        toks = [trees[i].tokens[k] for k in accepted[i]] + [y]
-        out.append(TreeVerification(accepted=accepted[i], next_token=y, tokens=toks, ranks=got[i]))
+        last = token[i]
+        assert last is not None
+        toks = [trees[i].tokens[k] for k in accepted[i]] + [last]
+        out.append(
+            TreeVerification(accepted=accepted[i], next_token=last, tokens=toks, ranks=got[i])
+        )
     return out
 
 

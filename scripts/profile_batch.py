@@ -7,9 +7,10 @@ own time, plus the split of the decode steps (target forwards / draft forwards /
 ``--compare-workers``, no profiler: runs the same batch with the engine's rows worked serially
 (1 thread) and side by side (torch's thread count), alternating, ``--repeats`` times each, and
 prints each run's split and the median "other" share per setting.  With ``--compare-verify``,
-no profiler: the engine's batched ERSD verification (:mod:`ersd.verify_batch`) against the
-node-by-node walk and the entry-wise finiteness check of every scored row, i.e. the code before
-issue 28 (the same tokens, checked), alternating, for every ``--batch`` and ``--tree``
+no profiler: the engine as it is ("new": its default verification -- batched on a device,
+node by node on the CPU -- and the one-sum finiteness check) against the code before issue 28
+("before": node-by-node verification, the entry-wise finiteness check of every scored row; the
+same tokens, checked), alternating, for every ``--batch`` and ``--tree``
 given (comma-separated), ``--repeats`` pairs each: each run's non-forward share of the decode
 steps and tokens/s, then per configuration the medians and the paired ratio.  Run alone:
 
@@ -48,8 +49,8 @@ def run(
     after the first, which feeds the prompts)."""
     engine = BatchEngine(target, draft)
     engine.workers = workers
-    engine.batched_verify = batched
-    # the reference ("node-by-node") is the code before issue 28: node-by-node verification
+    engine.batched_verify = None if batched else False  # None: the engine's default
+    # the reference ("before") is the code before issue 28: node-by-node verification
     # and the entry-wise finiteness check of every scored row
     checks.all_finite = _all_finite if batched else _all_finite_entrywise
     for i, p in enumerate(ids):
@@ -77,7 +78,7 @@ def run(
 
 
 def compare_verify(target, draft, prompts, args) -> None:
-    """Batched verification against the node-by-node walk, paired and alternating."""
+    """The engine as it is against the code before issue 28, paired and alternating."""
     import json
 
     rows = []
@@ -85,21 +86,21 @@ def compare_verify(target, draft, prompts, args) -> None:
         ids = prompts[:b]
         for tree in args.tree.split(","):
             run(target, draft, ids, 4, tree, None)  # warm-up of this configuration
-            runs: dict[str, list[dict[str, Any]]] = {"batched": [], "node-by-node": []}
+            runs: dict[str, list[dict[str, Any]]] = {"new": [], "before": []}
             for rep in range(args.repeats):
                 order = [True, False] if rep % 2 == 0 else [False, True]
                 for batched in order:
                     r = run(target, draft, ids, args.tokens, tree, None, batched)
-                    name = "batched" if batched else "node-by-node"
+                    name = "new" if batched else "before"
                     runs[name].append(r)
                     print(
-                        f"B={b} {tree} {name:>12}: {r['tokens']} tokens in {r['wall']:.2f}s "
+                        f"B={b} {tree} {name:>6}: {r['tokens']} tokens in {r['wall']:.2f}s "
                         f"({r['tokens'] / r['wall']:.2f} tok/s), other {r['other']:.3f}s "
                         f"({r['other'] / r['wall']:.2%}), target {r['target']:.2f}s, draft "
                         f"{r['draft']:.2f}s",
                         flush=True,
                     )
-            same = all(r["texts"] == runs["batched"][0]["texts"] for v in runs.values() for r in v)
+            same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
             row = {"batch": b, "tree": tree, "same_tokens": same}
             for name, rs in runs.items():
                 row[name] = {
@@ -110,14 +111,14 @@ def compare_verify(target, draft, prompts, args) -> None:
                 }
             ratios = [
                 (a["tokens"] / a["wall"]) / (c["tokens"] / c["wall"])
-                for a, c in zip(runs["batched"], runs["node-by-node"], strict=True)
+                for a, c in zip(runs["new"], runs["before"], strict=True)
             ]
             row["tok_s_ratio"] = ratios
             rows.append(row)
             med = {k: statistics.median(row[k]["other_share"]) for k in runs}
             print(
-                f"B={b} {tree}: median other share batched {med['batched']:.2%}, node-by-node "
-                f"{med['node-by-node']:.2%}; tokens/s ratio median {statistics.median(ratios):.3f} "
+                f"B={b} {tree}: median other share new {med['new']:.2%}, before "
+                f"{med['before']:.2%}; tokens/s ratio median {statistics.median(ratios):.3f} "
                 f"(min {min(ratios):.3f}, max {max(ratios):.3f}); same tokens: {same}",
                 flush=True,
             )
@@ -158,7 +159,7 @@ def main() -> None:
                 r = run(target, draft, ids, args.tokens, args.tree, settings[name])
                 shares[name].append(r["other"] / r["wall"])
                 print(
-                    f"{name:>12}: {r['tokens']} tokens in {r['wall']:.1f}s, other "
+                    f"{name:>6}: {r['tokens']} tokens in {r['wall']:.1f}s, other "
                     f"{r['other']:.2f}s ({r['other'] / r['wall']:.1%}), target {r['target']:.1f}s, "
                     f"draft {r['draft']:.1f}s",
                     flush=True,

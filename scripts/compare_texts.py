@@ -19,9 +19,9 @@ import subprocess
 import sys
 
 
-def grid(toy: bool) -> list[dict]:
+def grid(methods: list[str]) -> list[dict]:
     runs = []
-    for method in ("ersd", "specinfer", "sd"):
+    for method in methods:
         for tree in ("chain:4", "multi:2x3") if method != "sd" else ("chain:4",):
             for sampling in (
                 {"temperature": 1.0},
@@ -34,7 +34,7 @@ def grid(toy: bool) -> list[dict]:
     return runs
 
 
-def produce(toy: bool, tokens: int) -> dict:
+def produce(toy: bool, tokens: int, methods: list[str]) -> dict:
     import ersd
 
     if toy:
@@ -51,7 +51,7 @@ def produce(toy: bool, tokens: int) -> dict:
         texts = ["def fibonacci(n):", "The capital of France is", "Once upon a time, a robot"]
         prompts = [tok.encode(t) for t in texts]
     out = {}
-    for run in grid(toy):
+    for run in grid(methods):
         kw = dict(run)
         if kw.pop("watermark", False):
             kw["watermark"] = ersd.Watermark(key=b"k" * 32, context_width=2)
@@ -74,15 +74,17 @@ def main() -> None:
     ap.add_argument("--toy", action="store_true", help="the tests' toy models instead of SmolLM2")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--methods", default="ersd,specinfer,sd", help="comma-separated")
     ap.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.produce:
-        json.dump(produce(args.toy, args.tokens), sys.stdout)
+        json.dump(produce(args.toy, args.tokens, args.methods.split(",")), sys.stdout)
         return
     results = {}
     for side in ("old", "new"):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(getattr(args, side)))
         cmd = [sys.executable, __file__, "--produce", "--tokens", str(args.tokens)]
+        cmd += ["--methods", args.methods]
         cmd += ["--toy"] if args.toy else []
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
         results[side] = json.loads(proc.stdout)

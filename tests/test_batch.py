@@ -75,6 +75,9 @@ def test_rows_worked_side_by_side_equal_their_solo_runs(
     monkeypatch.setattr(batch_mod, "verify", spy)
     engine = BatchEngine(target, draft)
     engine.workers = workers
+    # ERSD rows are verified in one batched call by default (tests/test_verify_batch.py); the
+    # node-by-node walk on the row pool is what this test watches
+    engine.batched_verify = False
     ids = [
         engine.add(p, max_new_tokens=12, seed=i, method=method, tree="multi:2x2", eos_token_id=5)
         for i, p in enumerate(PROMPTS)

@@ -89,3 +89,20 @@ def test_llamacpp_nan_logits_raise_naming_the_file(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(llamacpp_session._Context, "logits", nan_logits)
     with pytest.raises(InvalidLogitsError, match=rf"'{model.name}' returned NaN logits"):
         ersd.generate(model, None, [4, 5, 6], max_new_tokens=2, seed=0)
+
+
+def test_all_finite_from_one_sum() -> None:
+    """The sum shortcut: any NaN or infinity is found, and finite rows whose sum overflows fall
+    back to the entry-wise test instead of being refused."""
+    from ersd.models.checks import all_finite
+
+    x = torch.randn(3, 1000)
+    assert all_finite(x)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[1, 7] = bad
+        assert not all_finite(y)
+    big = torch.full((2, 1000), 3e38)  # every entry finite, the float32 sum overflows
+    assert all_finite(big)
+    big[0, 0] = float("inf")
+    assert not all_finite(big)

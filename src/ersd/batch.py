@@ -37,7 +37,7 @@ from ersd.generation import (
     target_call,
     verify,
 )
-from ersd.methods import DraftTree, Method
+from ersd.methods import DraftTree, Method, TreeVerification
 from ersd.models.base import LanguageModel
 from ersd.models.batch import score_many
 from ersd.probs import SamplingParams
@@ -46,6 +46,7 @@ from ersd.request import Request, Settings, check_target
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape
 from ersd.validation import check_seed
+from ersd.verify_batch import batches, verify_many
 from ersd.watermark.keyed import race_noise
 from ersd.watermark.settings import Watermark
 
@@ -188,6 +189,9 @@ class BatchEngine:
         self.curves = CurveCache()  # tree="auto": the cost curves its choosers measure
         #: threads for the rows' work between forwards (None: torch's intra-op thread count)
         self.rows = RowPool()
+        #: verify the ERSD rows of a step in one batched call (:mod:`ersd.verify_batch`); False
+        #: walks every row node by node (the reference path; the same tokens)
+        self.batched_verify = True
 
     @property
     def workers(self) -> int | None:
@@ -295,9 +299,7 @@ class BatchEngine:
         logits = score_many(self.target, [r.seq.target for r in rows], calls)
         target_time = time.perf_counter() - t0
         scored = [lg[: 1 + p.tree.num_nodes] for p, lg in zip(proposals, logits, strict=True)]
-        verdicts = self.rows.map(
-            verify, [r.settings for r in rows], [p.tree for p in proposals], scored
-        )
+        verdicts = self._verify(rows, proposals, scored)
         out: list[tuple[int, StepRecord, GenerationResult | None]] = []
         for row, prop, depth, lg, verdict in zip(
             rows, proposals, depths, scored, verdicts, strict=True
@@ -333,6 +335,36 @@ class BatchEngine:
                 len(rows), t.draft, t.target, t.total, prefill=prefill, step=self._widest
             )
         return out
+
+    def _verify(
+        self, rows: list[Row], proposals: list[Proposal], scored: list[torch.Tensor]
+    ) -> list[TreeVerification]:
+        """Every row's verdict: the ERSD rows in one batched call (:func:`verify_many`: on a
+        device one host transfer for the step, on the CPU one batched call per tree level),
+        the other rows node by node on the row pool.  The same verdicts either way."""
+        verdicts: list[TreeVerification | None] = [None] * len(rows)
+        many = [i for i, r in enumerate(rows) if self.batched_verify and batches(r.settings.rule)]
+        if many:
+            done = verify_many(
+                [rows[i].settings.rule for i in many],  # type: ignore[misc]
+                [rows[i].settings.params for i in many],
+                [rows[i].settings.noise for i in many],
+                [proposals[i].tree for i in many],
+                [scored[i] for i in many],
+            )
+            for i, v in zip(many, done, strict=True):
+                verdicts[i] = v
+        rest = [i for i in range(len(rows)) if verdicts[i] is None]
+        if rest:
+            done = self.rows.map(
+                verify,
+                [rows[i].settings for i in rest],
+                [proposals[i].tree for i in rest],
+                [scored[i] for i in rest],
+            )
+            for i, v in zip(rest, done, strict=True):
+                verdicts[i] = v
+        return [v for v in verdicts if v is not None]
 
     def _propose(self, rows: list[Row]) -> tuple[list[Proposal], list[int], float]:
         """Every row's draft tree; model drafts grow level by level, one forward per level."""

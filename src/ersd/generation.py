@@ -33,6 +33,7 @@ from ersd.request import Request, Settings
 from ersd.results import GenerationResult, StepRecord
 from ersd.tree import TreeShape
 from ersd.tree_spec import TreeArg
+from ersd.verify_batch import batches, verify_many
 from ersd.watermark.settings import Watermark
 
 #: what ``tree=`` may be (kept for callers of the old name)
@@ -131,7 +132,18 @@ class _LazyProbs:
 
 
 def verify(settings: Settings, tree: DraftTree, logits: torch.Tensor) -> TreeVerification:
-    """Walk ``tree`` with the rule: the accepted nodes and the tokens they emit."""
+    """Walk ``tree`` with the rule: the accepted nodes and the tokens they emit.
+
+    On a device, ERSD's walk is :func:`ersd.verify_batch.verify_many`'s (every context at once,
+    one host transfer); on the CPU, and for the other rules, node by node (the same verdict)."""
+    if logits.device.type != "cpu" and batches(settings.rule):
+        return verify_many(
+            [settings.rule],  # type: ignore[list-item]
+            [settings.params],
+            [settings.noise],
+            [tree],
+            [logits],
+        )[0]
     return verify_tree(settings.rule, tree, _LazyProbs(logits, settings.params), settings.noise)  # type: ignore[arg-type]
 
 

@@ -46,8 +46,8 @@ def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str =
             f"{who} returned logits with {logits.shape[-1]} columns but its vocab_size is "
             f"{vocab_size}; the model function must return one logit per vocabulary entry"
         )
-    if bool(torch.isfinite(logits).all()):  # the common case: one pass
-        return
+    if bool(torch.isfinite(logits.sum())) or bool(torch.isfinite(logits).all()):
+        return  # the common case: one reduction (a finite sum proves every entry finite)
     if torch.isnan(logits).any():
         raise InvalidLogitsError(
             f"{who} returned NaN logits; check the model's dtype (try float32) and its inputs"
@@ -60,8 +60,16 @@ def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str =
         raise InvalidLogitsError(f"{who} returned a row of logits that are all -inf")
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities (float64, same leading shape as ``logits``) after all sampling filters."""
+def logits_to_probs(
+    logits: torch.Tensor, params: SamplingParams, *, rowwise_sum: bool = False
+) -> torch.Tensor:
+    """Probabilities (float64, same leading shape as ``logits``) after all sampling filters.
+
+    ``rowwise_sum`` (a ``[N, V]`` batch): renormalise a filtered row by the sum of that row alone,
+    as a ``[V]`` call does.  On the CPU torch may split a single row's sum over threads but sums
+    the rows of a batch one thread each, so the last bit of a filtered (top-p, min-p) row can
+    otherwise differ from the same row's ``[V]`` call; with it a batch's rows are the single
+    rows' bits (:mod:`ersd.verify_batch`, tested)."""
     x = logits.to(torch.float64)
     if params.greedy:
         out = torch.zeros_like(x)
@@ -87,4 +95,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         top = probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < params.min_p * top, 0.0)
         filtered = True
-    return probs / probs.sum(dim=-1, keepdim=True) if filtered else probs
+    if not filtered:
+        return probs
+    if rowwise_sum and probs.dim() == 2 and probs.device.type == "cpu":
+        total = torch.stack([row.sum() for row in probs]).unsqueeze(-1)
+    else:
+        total = probs.sum(dim=-1, keepdim=True)
+    return probs / total

@@ -44,6 +44,14 @@ class NodeNoise:
     def exponentials(self, stream: int = STREAM_RACE) -> torch.Tensor:
         return self.source.exponentials(self.key, stream)
 
+    def exponentials_on(self, device: torch.device, stream: int = STREAM_RACE) -> torch.Tensor:
+        """:meth:`exponentials` where ``device``'s probabilities are: the NumPy draw on the CPU,
+        the bit-identical torch draw on a device (:meth:`RaceNoise.exponentials_many`), so no
+        race crosses from the host per node."""
+        if device.type == "cpu":
+            return self.exponentials(stream)
+        return self.source.exponentials_many([self.key], stream, device)[0]
+
     def uniforms(self, stream: int, n: int) -> list[float]:
         return [float(u) for u in self.source.uniforms(self.key, stream, n)]
 

@@ -3,8 +3,8 @@
 A NaN in one weight (a damaged file, an overflow in float16) makes every logit NaN; softmax then
 yields NaN probabilities and the race picks token 0 — text that is silently wrong.  So each
 backend's ``score`` passes the rows it returns (the rows the loop uses: the root and the new
-nodes) through :func:`check_scored_logits` once per call: one ``isfinite`` pass over
-``[1 + n, vocab]`` values, small next to the forward that made them.
+nodes) through :func:`check_scored_logits` once per call: one sum over ``[1 + n, vocab]``
+values (:func:`all_finite`), small next to the forward that made them.
 """
 
 from __future__ import annotations
@@ -14,11 +14,21 @@ import torch
 from ersd.errors import InvalidLogitsError
 
 
+def all_finite(logits: torch.Tensor) -> bool:
+    """Whether every entry is finite, from one sum: a NaN or an infinity makes the sum NaN or
+    infinite, so a finite sum proves every entry finite (~15x cheaper than ``isfinite().all()``
+    over 152k-token rows, which builds a boolean copy: ~1.4 ms a row on this CPU, paid outside
+    the forwards).  A sum that overflows although every entry is finite falls back to the
+    entry-wise test."""
+    if bool(torch.isfinite(logits.sum())):
+        return True
+    return bool(torch.isfinite(logits).all())
+
+
 def check_scored_logits(logits: torch.Tensor, model: str, *, dtype: str | None = None) -> None:
     """Raise :class:`InvalidLogitsError` naming ``model`` when ``logits`` hold NaN, +inf or a row
     of only -inf (``dtype``: the weights' dtype, named in the repair advice)."""
-    finite = torch.isfinite(logits)
-    if bool(finite.all()):  # the common case: one pass, one sync
+    if all_finite(logits):  # the common case: one reduction, one sync
         return
     if bool(torch.isnan(logits).any()):
         what = "NaN"

@@ -47,7 +47,7 @@ def noise_for(vocab_size: int, watermark: Watermark | None = None) -> RaceNoise:
 
 def noise_backend() -> str:
     """``ERSD_VLLM_NOISE``: ``numpy`` (default; :class:`~ersd.race.RaceNoise` on the host, cached)
-    or ``torch`` (:mod:`ersd.integrations.vllm.philox` on the logits' device, bit-identical)."""
+    or ``torch`` (:mod:`ersd.race_torch` on the logits' device, bit-identical)."""
     backend = os.environ.get("ERSD_VLLM_NOISE", "numpy")
     if backend not in ("numpy", "torch"):
         raise ValueError(f"ERSD_VLLM_NOISE must be 'numpy' or 'torch', got {backend!r}")
@@ -59,7 +59,7 @@ def race_exponentials(
 ) -> torch.Tensor:
     """``E`` for each key as one float64 ``[len(keys), vocab_size]`` tensor (stream 0)."""
     if noise_backend() == "torch":
-        from ersd.integrations.vllm.philox import race_exponentials_torch
+        from ersd.race_torch import race_exponentials_torch
 
         return race_exponentials_torch(list(keys), vocab_size, STREAM_RACE, device)
     noise = noise_for(vocab_size)

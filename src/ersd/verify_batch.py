@@ -1,0 +1,247 @@
+"""A step's ERSD verification for many rows at once, as tensor work where the logits are.
+
+:func:`ersd.methods.verify_tree` walks one row's tree node by node: per context a float64
+``logits_to_probs``, the race noise, the race's argmin and a scalar read.  :func:`verify_many`
+gives the same :class:`~ersd.methods.TreeVerification` for every row of a step (the same bits:
+same probabilities, same noise, same first-minimum winners and rank statistics) with the per-node
+work batched over rows:
+
+* **on a device** (``"all"``: every context of every row at once): the probabilities of all
+  contexts (one :func:`ersd.probs.logits_to_probs` per group of like sampling settings), the
+  races of all contexts (:meth:`ersd.race.RaceNoise.exponentials_many`: the torch Philox of
+  :mod:`ersd.race_torch` on the device, bit-identical to the NumPy reference), the winners
+  ``argmin E / p`` and the rank statistics of every context that has children; then **one**
+  transfer of the winners and ranks (plus the noise draw's one small transfer for its tail
+  values), and the walk down each tree is plain Python over those integers.  Nothing is read per
+  node (``tests/test_verify_batch.py`` counts the reads).
+* **on the CPU** (``"levels"``: the walk's contexts level by level): work only where a walk
+  arrives, as the node-by-node walk does (a rejected node's subtree is never scored), each level
+  batched over the rows still walking.  On the CPU reads cost nothing, and the all-at-once
+  schedule would score every context, ~1.8x the contexts a chain:4 walk at ERSD's acceptance
+  visits.
+
+Float64 is kept where exactness needs it, as in :mod:`ersd.race`: probabilities, noise and the
+scores ``E / p``.  In float32 a probability under ~1e-38 (reachable with ~90 nats of logit range)
+would flush to 0 and its token could never win, two scores closer than 2^-24 relative would tie
+and change the winner, and the NumPy reference's texts would no longer be reproduced bit for bit.
+
+Which rules: ERSD (:func:`batches`: the rule must be :class:`ersd.methods.ERSD` with its own
+verification, rank and bonus rules, any draft sharpness).  Every other rule, a subclass that
+overrides them (the exactness suite's mutants), and temperature 0 keep the node-by-node walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ersd.methods import DraftTree, Method, TreeVerification
+from ersd.methods.base import Method as _Method
+from ersd.methods.ersd import ERSD
+from ersd.probs import SamplingParams, logits_to_probs
+from ersd.race import STREAM_RACE, RaceNoise
+
+
+def batches(rule: Method) -> bool:
+    """Whether :func:`verify_many` verifies ``rule``: ERSD with its own node rules."""
+    cls: Any = type(rule)
+    return (
+        isinstance(rule, ERSD)
+        and cls.verify_node is ERSD.verify_node
+        and cls.rank is ERSD.rank
+        and cls.bonus is _Method.bonus
+        and cls.race_probs is ERSD.race_probs
+    )
+
+
+def default_mode(device: torch.device) -> str:
+    """``"levels"`` on the CPU, ``"all"`` on a device (module docstring)."""
+    return "levels" if device.type == "cpu" else "all"
+
+
+def verify_many(
+    rules: Sequence[ERSD],
+    params: Sequence[SamplingParams],
+    noises: Sequence[RaceNoise],
+    trees: Sequence[DraftTree],
+    logits: Sequence[torch.Tensor],
+    mode: str | None = None,
+    *,
+    noise_via_torch: bool | None = None,
+) -> list[TreeVerification]:
+    """Verify every row's tree (``logits[i]``: ``[1 + num_nodes, V]``, row ``ctx`` = the target's
+    logits at context ``ctx``); equal to ``verify_tree(rules[i], trees[i], probs, noises[i])`` row
+    by row.  Every rule must pass :func:`batches`.  ``mode``: ``"all"`` or ``"levels"`` (default:
+    :func:`default_mode` of the logits' device).  ``noise_via_torch``: draw the races with
+    :mod:`ersd.race_torch` (default: on a device), as
+    :meth:`~ersd.race.RaceNoise.exponentials_many`'s ``via_torch``."""
+    n = len(trees)
+    if not n:
+        return []
+    for rule in rules:
+        if not batches(rule):
+            raise TypeError(f"verify_many verifies ERSD rules only, got {rule!r}")
+    if mode is None:
+        mode = default_mode(logits[0].device)
+    if mode == "all":
+        return _verify_all(rules, params, noises, trees, logits, noise_via_torch)
+    if mode == "levels":
+        return _verify_levels(rules, params, noises, trees, logits)
+    raise ValueError(f"mode must be 'all' or 'levels', got {mode!r}")
+
+
+def _groups(params: Sequence[SamplingParams], noises: Sequence[RaceNoise]) -> list[list[int]]:
+    """Row indices grouped by (sampling settings, noise): one probability and one noise call
+    per group."""
+    out: dict[tuple[SamplingParams, int], list[int]] = {}
+    for i, (p, nz) in enumerate(zip(params, noises, strict=True)):
+        out.setdefault((p, id(nz)), []).append(i)
+    return list(out.values())
+
+
+def _probs(rows: list[torch.Tensor], params: SamplingParams) -> torch.Tensor:
+    """``logits_to_probs`` of the stacked rows, each row the bits of its own call."""
+    return logits_to_probs(torch.stack(rows), params, rowwise_sum=True)
+
+
+def _verify_all(
+    rules: Sequence[ERSD],
+    params: Sequence[SamplingParams],
+    noises: Sequence[RaceNoise],
+    trees: Sequence[DraftTree],
+    logits: Sequence[torch.Tensor],
+    via_torch: bool | None,
+) -> list[TreeVerification]:
+    """Every context at once, one host transfer (module docstring)."""
+    dev = logits[0].device
+    winners: dict[tuple[int, int], int] = {}
+    ranks: dict[tuple[int, int], int] = {}
+    parts: list[torch.Tensor] = []
+    order: list[list[tuple[int, int]]] = []  # per part: the (row, ctx) of each entry
+    for idx in _groups(params, noises):
+        ctxs = [(i, c) for i in idx for c in range(1 + trees[i].num_nodes)]
+        p = _probs([logits[i][c] for i, c in ctxs], params[idx[0]])
+        e = noises[idx[0]].exponentials_many(
+            [trees[i].keys[c] for i, c in ctxs], STREAM_RACE, device=dev, via_torch=via_torch
+        )
+        scores = e / p
+        w = torch.argmin(scores, dim=-1)  # the first minimum: lowest id on ties, as race_winner
+        parts.append(w)
+        order.append(ctxs)
+        # rank statistics where the walk may need them: contexts with children
+        inner = [j for j, (i, c) in enumerate(ctxs) if trees[i].children[c]]
+        if inner:
+            sel = torch.tensor(inner, device=dev)
+            q = torch.stack(
+                [
+                    rules[ctxs[j][0]].race_probs(_draft_probs(trees[ctxs[j][0]], ctxs[j][1]))
+                    for j in inner
+                ]
+            ).to(device=dev, dtype=torch.float64)
+            sq = e[sel] / q
+            s = sq.gather(1, w[sel].unsqueeze(1))
+            r = (sq < s).sum(dim=1) + 1
+            r = torch.where(torch.isinf(s.squeeze(1)), sq.shape[1] + 1, r)
+            parts.append(r)
+            order.append([(-1 - ctxs[j][0], ctxs[j][1]) for j in inner])  # rank entries
+    flat = torch.cat(parts).tolist()  # the one transfer of the step's verification
+    pos = 0
+    for entries in order:
+        for i, c in entries:
+            if i >= 0:
+                winners[(i, c)] = int(flat[pos])
+            else:
+                ranks[(-1 - i, c)] = int(flat[pos])
+            pos += 1
+    return [_walk(trees[i], lambda c, i=i: winners[(i, c)], ranks, i) for i in range(len(trees))]
+
+
+def _draft_probs(tree: DraftTree, ctx: int) -> torch.Tensor:
+    q = tree.draft_probs[ctx]
+    assert q is not None, "a context with children must have draft probabilities"
+    return q
+
+
+def _walk(
+    tree: DraftTree, winner: Any, ranks: dict[tuple[int, int], int], row: int
+) -> TreeVerification:
+    """The node-by-node walk of :func:`ersd.methods.verify_tree` for ERSD over known winners."""
+    accepted: list[int] = []
+    got: list[int] = []
+    ctx = 0
+    while True:
+        kids = tree.children[ctx]
+        y = winner(ctx)
+        if not kids:
+            break
+        got.append(ranks[(row, ctx)])
+        hit = next((k for k in kids if tree.tokens[k] == y), None)
+        if hit is None:
+            break
+        accepted.append(hit)
+        ctx = tree.context_of(hit)
+    toks = [tree.tokens[n] for n in accepted] + [y]
+    return TreeVerification(accepted=accepted, next_token=y, tokens=toks, ranks=got)
+
+
+def _verify_levels(
+    rules: Sequence[ERSD],
+    params: Sequence[SamplingParams],
+    noises: Sequence[RaceNoise],
+    trees: Sequence[DraftTree],
+    logits: Sequence[torch.Tensor],
+) -> list[TreeVerification]:
+    """The walks level by level, each level batched over the rows still walking (CPU)."""
+    n = len(trees)
+    ctx = [0] * n
+    accepted: list[list[int]] = [[] for _ in range(n)]
+    got: list[list[int]] = [[] for _ in range(n)]
+    token: list[int | None] = [None] * n
+    walking = list(range(n))
+    groups = _groups(params, noises)
+    while walking:
+        live = set(walking)
+        for idx in groups:
+            rows = [i for i in idx if i in live]
+            if not rows:
+                continue
+            p = _probs([logits[i][ctx[i]] for i in rows], params[rows[0]])
+            noise = noises[rows[0]]
+            e = torch.stack([noise.exponentials(trees[i].keys[ctx[i]]) for i in rows])
+            scores = (e / p).numpy()
+            w = scores.argmin(axis=1)  # NumPy's first minimum, as race_winner on the CPU
+            for r, i in enumerate(rows):
+                tree, c, y = trees[i], ctx[i], int(w[r])
+                kids = tree.children[c]
+                if not kids:
+                    token[i] = y
+                    continue
+                got[i].append(_rank(rules[i], _draft_probs(tree, c), e[r], y))
+                hit = next((k for k in kids if tree.tokens[k] == y), None)
+                if hit is None:
+                    token[i] = y
+                    continue
+                accepted[i].append(hit)
+                ctx[i] = tree.context_of(hit)
+        walking = [i for i in walking if token[i] is None]
+    out = []
+    for i in range(n):
+        last = token[i]
+        assert last is not None
+        toks = [trees[i].tokens[k] for k in accepted[i]] + [last]
+        out.append(
+            TreeVerification(accepted=accepted[i], next_token=last, tokens=toks, ranks=got[i])
+        )
+    return out
+
+
+def _rank(rule: ERSD, q: torch.Tensor, e: torch.Tensor, token: int) -> int:
+    """:meth:`ERSD.rank` (``race_rank`` of the draft's race), on the CPU."""
+    sq = (e / rule.race_probs(q).to(torch.float64)).numpy()
+    s = float(sq[token])
+    if s == float("inf"):
+        return sq.shape[0] + 1
+    return int(np.count_nonzero(sq < s)) + 1

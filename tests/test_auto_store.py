@@ -284,3 +284,31 @@ def test_torch_threads_are_part_of_the_environment() -> None:
     finally:
         torch.set_num_threads(threads)
     assert one != two and {k for k in one if one[k] != two[k]} == {"torch_threads"}
+
+
+def test_models_calibrate_writes_what_auto_then_reads(tmp_path, monkeypatch) -> None:
+    """`ersd models calibrate` measures the pair's curves (and rank profiles) into the store; a
+    later generation with tree="auto" reads them and measures nothing."""
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    args = ["--target", "tiny-qwen2", "--draft", "tiny-qwen2-draft", "--tokens", "8"]
+    out = CliRunner().invoke(
+        main, ["models", "calibrate", *args, "--prompts", "1", "--temperatures", "1", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output.strip().splitlines()[-1])
+    assert set(payload["curves"]) == {"target", "draft"} and payload["profiles"]["1.0"]
+    target, draft = ersd.load_model("tiny-qwen2"), ersd.load_model("tiny-qwen2-draft")
+    cache = CurveCache()
+    res = ersd.generate(target, draft, [1, 2, 3], max_new_tokens=8, tree=AutoTree(costs=cache))
+    assert cache.measurements == 0 and cache.store is not None and cache.store.hits == 2
+    assert res.auto_finding_out is not None and res.auto_finding_out["measure_s"] == 0.0
+    m = get_method("ersd")
+    c = TreeChooser(AutoTree(), target, ModelDrafter(draft), m, m, 1.0, cache)
+    assert c.stored_prior
+    # bad input names the option
+    bad = CliRunner().invoke(main, ["models", "calibrate", *args, "--temperatures", "x"])
+    assert bad.exit_code != 0 and "--temperatures" in bad.output

@@ -12,9 +12,10 @@ batch size).  Measuring them costs a few seconds of every process that uses ``au
   ``ersd models calibrate``) is keyed by both models' keys, the method and the temperature.
 
 Every entry records the **environment** it was measured in (:func:`environment`: the CPU model and
-a hash of its feature flags, the machine, the Python, torch and llama.cpp builds, torch's thread
-count).  An entry measured in another environment is **stale**: never trusted, it is measured
-again and replaced (``CostStore.stale`` counts them).  A model without a stable identity (a
+a hash of its feature flags, the core count, the machine, the Python and torch builds, torch's
+thread count; a llama.cpp model's key holds its llama-cpp-python version and thread count).
+An entry measured in another environment is **stale**: never trusted, it is measured again and
+replaced (``CostStore.stale`` counts them).  A model without a stable identity (a
 Python-function model, a toy) is never stored.
 
 Writes are atomic (a temporary file renamed over the old one); a store that cannot be written (a
@@ -28,7 +29,6 @@ import json
 import logging
 import os
 import platform
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,6 +45,9 @@ STORE_FORMAT = "ersd-cost-store"
 STORE_VERSION = 1
 #: ``describe()`` backends whose models have a stable identity (a path or a hub name)
 STORED_BACKENDS = ("hf", "llamacpp")
+#: ``describe()`` fields that change as a model is used (``tree_attention`` resolves ``auto`` on
+#: the first tree forward): not part of a model's key
+VOLATILE_KEYS = ("tree_attention",)
 
 
 def _cpu() -> tuple[str, str]:
@@ -71,7 +74,6 @@ def environment() -> dict[str, Any]:
     import torch
 
     name, flags = _cpu()
-    llama = sys.modules.get("llama_cpp")
     return {
         "cpu": name,
         "cpu_flags": flags,
@@ -80,7 +82,6 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "llama_cpp": getattr(llama, "__version__", None) if llama is not None else None,
     }
 
 
@@ -97,6 +98,8 @@ def model_key(model: Any) -> str | None:
         return None
     if not (info.get("name") or info.get("path")):
         return None
+    for volatile in VOLATILE_KEYS:
+        info.pop(volatile, None)
     return json.dumps(info, sort_keys=True, default=str)
 
 

@@ -224,7 +224,7 @@ def calibrate_cmd(
                 curve = measure_curve(model, prompts[0][-64:], DEFAULT_SIZES, batch=b, repeats=2)
                 store.put_curve(model, b, DEFAULT_SIZES, curve)
                 curves.setdefault(role, {})[b] = curve
-        profiles = {}
+        profiles: dict[float, dict[str, Any]] = {}
         if draft is not None and temps:
             for t in temps:
                 probs, n = _rank_profile(pair.target, pair.draft, prompts, t, tokens)

@@ -312,3 +312,40 @@ def test_models_calibrate_writes_what_auto_then_reads(tmp_path, monkeypatch) -> 
     # bad input names the option
     bad = CliRunner().invoke(main, ["models", "calibrate", *args, "--temperatures", "x"])
     assert bad.exit_code != 0 and "--temperatures" in bad.output
+
+
+def test_serve_tree_auto_prepares_its_curves_at_start_up(tmp_path, monkeypatch) -> None:
+    """`ersd serve --tree auto` has the curves of every batch size up to --max-batch-size before
+    it serves (measured at the first start, read from the store at the next), so no client's
+    request pays for a measurement. uvicorn.Server is replaced: no port is opened."""
+    pytest.importorskip("uvicorn")
+    import uvicorn
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    seen: dict[str, Any] = {}
+
+    class FakeServer:
+        started = True
+        should_exit = force_exit = False
+
+        def __init__(self, config: Any) -> None:
+            seen["app"] = config.app
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    args = ["serve", "--target", "tiny-qwen2", "--draft", "tiny-qwen2-draft", "--tree", "auto"]
+    args += ["--max-batch-size", "3"]
+    counts = []
+    for _ in range(2):
+        res = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        curves = seen["app"].state.serving.engine.curves
+        counts.append((curves.measurements, curves.store.hits))
+        assert "tree auto: cost curves for batch 1..3 ready" in res.stderr
+    # batch sizes 1, 2, 4 for the target and the draft: measured once, then read back
+    assert counts == [(6, 0), (0, 6)]

@@ -240,6 +240,31 @@ def test_cannot_pay_generates_with_zero_draft_forwards_and_reports_it(monkeypatc
     assert broken.tokens == res.tokens  # ERSD: the text does not depend on the trees
 
 
+def test_a_batch_where_drafting_cannot_pay_never_drafts(monkeypatch) -> None:
+    """The same in a batch (one chooser for the rows, the engine's clock faked likewise):
+    zero draft forwards for every row, and each row's text is its solo text."""
+    import ersd.batch
+    import ersd.drafting.model
+    import ersd.generation
+
+    clock = FakeClock()
+    for mod in (ersd.generation, ersd.drafting.model, ersd.batch):
+        monkeypatch.setattr(mod, "time", clock)
+    base = table_model(V, seed=0)
+    target = clock.model(base, STEEP.target)
+    draft = clock.model(mixed_draft(base, table_model(V, seed=1), 0.3), STEEP.draft)
+    prompts = [[1, 2], [3], [4, 5, 6], [7]]
+    out = ersd.generate_batch(
+        target, draft, prompts, max_new_tokens=60, tree=AutoTree(costs=STEEP), seeds=[3, 4, 5, 6]
+    )
+    assert draft.forward_calls == 0
+    for res in out:
+        assert res.draft_forwards == 0 and res.auto_choices == {"none": 60}
+        assert res.auto_finding_out is not None and not res.auto_finding_out["can_pay"]
+    solo = ersd.generate(target, None, prompts[0], max_new_tokens=60, seed=3)
+    assert out[0].tokens == solo.tokens
+
+
 def test_exploration_is_budgeted_and_counts_the_drafts_lazy_prefill() -> None:
     """Exploring after a long plain run costs the draft's catch-up on every token it has not
     seen (its prompt, on the first drafting step): the predicted loss includes it, so a long

@@ -166,7 +166,34 @@ def main() -> None:
     ap.add_argument("--fixed", nargs="*", default=[], help="fixed trees to compare (e.g. chain:4)")
     ap.add_argument("--eos", action="store_true", help="stop at EOS (default: full length)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="summarise the rows a (cut) run printed instead of running",
+    )
     args = ap.parse_args()
+    if args.from_log is not None:
+        rows = []
+        for line in args.from_log.read_text().splitlines():
+            if line.startswith('{"prompt"'):
+                rows.append(json.loads(line))
+        done = {(r["prompt"], r["temperature"]) for r in rows if r["config"] == "auto"}
+        complete = [
+            r
+            for r in rows
+            if (r["prompt"], r["temperature"]) in done
+            and sum(
+                1
+                for q in rows
+                if (q["prompt"], q["temperature"]) == (r["prompt"], r["temperature"])
+            )
+            == 2 + len(args.fixed)
+        ]
+        summary = {"rows": complete, "summary": summarise(complete, list(args.fixed))}
+        args.out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        print(json.dumps(summary["summary"], indent=1))
+        return
     result = run(args)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(json.dumps({"setup": result["setup"], "summary": result["summary"]}, indent=1))

@@ -374,3 +374,41 @@ def test_serve_tree_auto_prepares_its_curves_at_start_up(tmp_path, monkeypatch) 
         assert "tree auto: cost curves for batch 1..3 ready" in res.stderr
     # batch sizes 1, 2, 4 for the target and the draft: measured once, then read back
     assert counts == [(6, 0), (0, 6)]
+
+
+def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
+    """The benchmark's summary: auto ÷ plain and auto ÷ the category's best fixed tree, paired
+    per (prompt, temperature), with the 'all' row pooling the categories."""
+    from ersd.bench.auto_check import summarise
+
+    def row(prompt: str, s: str, config: str, rate: float, can_pay: bool = True) -> dict:
+        f = {"share": 0.01, "can_pay": can_pay} if config == "auto" else None
+        return {
+            "prompt": prompt,
+            "set": s,
+            "temperature": 1.0,
+            "config": config,
+            "rate": rate,
+            "draft_forwards": 3 if config != "plain" else 0,
+            "finding_out": f,
+        }
+
+    rows = [
+        row("a", "code", "plain", 2.0),
+        row("a", "code", "auto", 3.0),
+        row("a", "code", "chain:4", 4.0),
+        row("a", "code", "chain:6", 3.5),
+        row("b", "chat", "plain", 4.0),
+        row("b", "chat", "auto", 4.0, can_pay=False),
+        row("b", "chat", "chain:4", 2.0),
+        row("b", "chat", "chain:6", 5.0),
+    ]
+    out = summarise(rows, ["chain:4", "chain:6"])
+    assert out["code T=1"]["auto/plain"] == "1.500" and out["code T=1"]["best_fixed"] == "chain:4"
+    assert out["code T=1"]["auto/best-fixed"] == "0.750"
+    assert out["chat T=1"]["auto/best-fixed(prompt)"] == "0.800"
+    assert out["chat T=1"]["cannot_pay_prompts"] == 1
+    pooled = out["all T=1"]
+    assert pooled["n"] == 2 and pooled["auto/plain_min"] == 1.0
+    assert pooled["best_fixed"] == "chain:6"  # mean 4.25 against chain:4's 3.0
+    assert pooled["auto/best-fixed"].startswith("0.829")  # (3/3.5 + 4/5) / 2

@@ -55,6 +55,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "from_store": curves.store.hits if curves.store is not None else 0,
         "stale": curves.store.stale if curves.store is not None else 0,
     }
+    if args.profile_tokens > 0 and curves.store is not None:
+        # what `ersd models calibrate` stores: the pair's rank profiles (calibration prompts)
+        from ersd.commands.models import _calibration_prompts, _rank_profile
+
+        t1 = time.perf_counter()
+        calib = _calibration_prompts(target, 1)
+        for temp in args.temperatures:
+            probs, n = _rank_profile(target, draft, calib, temp, args.profile_tokens)
+            curves.store.put_profile(target, draft, "ersd", temp, probs, n)
+            setup[f"profile_T={temp:g}"] = [round(row[0], 3) for row in probs]
+        setup["profile_s"] = time.perf_counter() - t1
     auto = AutoTree(costs=curves)
     configs: list[tuple[str, Any, Any]] = [("plain", None, "chain:1"), ("auto", draft, auto)]
     configs += [(f, draft, f) for f in args.fixed]
@@ -165,6 +176,13 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--fixed", nargs="*", default=[], help="fixed trees to compare (e.g. chain:4)")
     ap.add_argument("--eos", action="store_true", help="stop at EOS (default: full length)")
+    ap.add_argument(
+        "--profile-tokens",
+        type=int,
+        default=0,
+        help="first store the pair's rank profiles (as `ersd models calibrate`) from this many "
+        "tokens of a calibration prompt per temperature (0: use what the store holds)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
         "--from-log",

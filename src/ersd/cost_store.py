@@ -175,6 +175,7 @@ class CostStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".costs-", suffix=".json")
+            os.chmod(tmp, 0o644)  # a shared model cache: readable like the models beside it
             with os.fdopen(fd, "w") as f:
                 json.dump(self._data, f, indent=1)
                 f.write("\n")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# tree="auto" persists measured cost curves in the model cache (ersd.cost_store); tests keep
+# theirs in a directory of their own, so they neither read nor leave this machine's real curves
+os.environ.setdefault("ERSD_COST_STORE", tempfile.mkdtemp(prefix="ersd-test-costs-"))
 
 
 @pytest.fixture(scope="module")

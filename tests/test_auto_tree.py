@@ -172,7 +172,11 @@ def test_measured_step_times_correct_the_choice() -> None:
 
 
 def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_steps() -> None:
-    from ersd.auto import EXPLORE_AFTER
+    """Exploration (drafting once although it is predicted not to pay) comes after
+    EXPLORE_AFTER plain steps in a row, and only while the time it is predicted to lose keeps
+    the run's exploration within EXPLORE_BUDGET of its time so far (a fake clock: the step
+    times given to observe_times)."""
+    from ersd.auto import EXPLORE_AFTER, EXPLORE_BUDGET
 
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
     shape = c.choose([1], batch=1)
@@ -181,11 +185,23 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     # a first step (its target forward includes the prompt) is not learned from
     c.observe_times(1, draft, 50 * target, 60 * target, prefill=True)
     assert c.timing["spec"].steps == 0
-    c.observe_times(1, draft, target, target + draft + 5.0)  # 5 s outside forwards: no drafting
-    decisions = [c.choose([1], batch=1) for _ in range(EXPLORE_AFTER + 1)]
-    assert all(d is None for d in decisions[:EXPLORE_AFTER])
-    assert decisions[EXPLORE_AFTER] is not None  # one exploring step with the best tree
-    assert c.choose([1], batch=1) is None  # then back to the decision the costs favour
+    c.observe_times(1, draft, target, target + draft + 0.7)  # 0.7 s outside forwards
+    assert c.choose([1], batch=1) is None  # drafting no longer pays (but could, were every
+    assert c.last is not None and c.last.can_pay  # drafted token accepted)
+    # the run so far (about 6.8 s) leaves no budget for a step predicted to lose ~0.3 s
+    decisions = [c.choose([1], batch=1) for _ in range(3 * EXPLORE_AFTER)]
+    assert all(d is None for d in decisions) and c.explore_spent == 0.0
+    # a longer run (a prefill-like step adds time without being learned from): budget for one
+    c.observe_times(1, 0.0, 12.0, 12.0, prefill=True)
+    picks = []
+    for _ in range(3 * EXPLORE_AFTER):
+        d = c.choose([1], batch=1)
+        assert c.last is not None
+        picks.append((d is not None, c.last.explore, c.last.tree != "none"))
+    # one exploring step with the best tree (the plain run was already long enough), then back
+    # to the decision the costs favour, and no second one: the budget is spent
+    assert picks == [(True, True, True)] + [(False, False, False)] * (3 * EXPLORE_AFTER - 1)
+    assert 0.0 < c.explore_spent <= EXPLORE_BUDGET * c.elapsed
 
 
 def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_ratio() -> None:
@@ -196,6 +212,7 @@ def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_rati
     from ersd.auto import EXPLORE_PLAIN_AFTER
 
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
+    c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
     plain_curve = c._plain_rate(FLAT, 4)
     for _ in range(2):
         shape = c.choose([1], batch=4)

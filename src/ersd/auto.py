@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ersd.cost_store import CostStore
 from ersd.costs import DEFAULT_SIZES, CostModel, CostModelError, measure_curve
 from ersd.errors import ErsdError, InvalidTreeSpecError, UnsupportedTreeError
 from ersd.theory import expected_block_efficiency_by_depth
@@ -71,8 +73,13 @@ TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
 MEASURE_PROMPT_TOKENS = 64
 #: weight of the newest step in the online timing correction (exponential moving average)
 TIMING_EMA = 0.25
-#: after this many steps in a row without drafting, draft the best tree once (exploration)
+#: after this many steps in a row without drafting, draft the best tree once (exploration) --
+#: if drafting could pay at all, and within :data:`EXPLORE_BUDGET`
 EXPLORE_AFTER = 16
+#: exploration steps may lose at most this share of the run's time so far (predicted seconds
+#: lost: the step's time, plus the draft's catch-up, minus the time of the same tokens the chosen
+#: way)
+EXPLORE_BUDGET = 0.02
 #: ... and after this many drafting steps in a row, one step without drafting (and once early,
 #: after two drafting steps, if no plain step was ever timed): the target-only side of the
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
@@ -123,10 +130,15 @@ class OnlineProfile:
     below the deepest observed depth.
     """
 
-    def __init__(self, ranked: bool) -> None:
+    def __init__(self, ranked: bool, prior_probs: Any = None) -> None:
         self.ranked = ranked
         prior = np.zeros(MAX_RANK)
-        prior[: len(PRIOR_RANK_PROBS)] = PRIOR_RANK_PROBS
+        if prior_probs is None:
+            prior[: len(PRIOR_RANK_PROBS)] = PRIOR_RANK_PROBS
+        else:  # a stored profile of this pair (per-depth vectors: their mean)
+            rows = [np.asarray(r, dtype=np.float64)[:MAX_RANK] for r in prior_probs]
+            for r in rows:
+                prior[: r.size] += r / len(rows)
         if not ranked:
             prior[1:] = 0.0
         self.prior = prior
@@ -174,6 +186,12 @@ class Choice:
     #: (``batch · E[tokens per call]``) and seconds of the step (``predicted`` is their ratio)
     predicted_tokens: float = 0.0
     predicted_seconds: float = 0.0
+    #: an exploration step (drafting predicted not to pay, or a plain step while drafting pays)
+    explore: bool = False
+    #: seconds this decision spent measuring cost curves (0: read from memory or the store)
+    measure_seconds: float = 0.0
+    #: whether drafting could pay at all (if every drafted token were accepted)
+    can_pay: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
@@ -187,9 +205,16 @@ class CurveCache:
     ``measurements`` counts the curves measured so far: a step during which one was measured is
     not learned from (its time includes the measurement)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: CostStore | bool | None = True) -> None:
         self._curves: list[tuple[Any, dict[Any, list[float]]]] = []  # (model, its curves)
         self.measurements = 0
+        #: seconds spent measuring curves (not read from the store)
+        self.measure_seconds = 0.0
+        #: where curves persist across processes (:mod:`ersd.cost_store`; ``True``: the default
+        #: store in the model cache, ``None``/``False``: none)
+        self.store: CostStore | None = (
+            CostStore.default() if store is True else (store if store else None)
+        )
 
     def _of(self, model: Any) -> dict[Any, list[float]]:
         for m, curves in self._curves:
@@ -204,10 +229,18 @@ class CurveCache:
         curves = self._of(model)
         key = (batch, DEFAULT_SIZES)
         if key not in curves:
+            stored = self.store.get_curve(model, batch, DEFAULT_SIZES) if self.store else None
+            if stored is not None:
+                curves[key] = stored
+                return stored
             self.measurements += 1
+            t0 = time.perf_counter()
             curves[key] = measure_curve(
                 model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
             )
+            self.measure_seconds += time.perf_counter() - t0
+            if self.store is not None:
+                self.store.put_curve(model, batch, DEFAULT_SIZES, curves[key])
         return curves[key]
 
 
@@ -297,6 +330,10 @@ def draft_model_of(drafter: Any) -> Any:
     return model if isinstance(model, LanguageModel) else None
 
 
+def _method_name(method: Any) -> str:
+    return str(getattr(method, "name", "") or method)
+
+
 class TreeChooser:
     """Chooses each step's tree for one sequence (module docstring); built from an
     :class:`~ersd.tree.AutoTree` by :meth:`ersd.request.Request.resolve`.  ``curves``: where
@@ -346,7 +383,17 @@ class TreeChooser:
             self.costs = CostModel.from_dict(costs) if costs is not None else None
         except CostModelError as exc:
             raise InvalidTreeSpecError(f"tree {auto.spec!r}: cost model: {exc}") from None
-        self.online = OnlineProfile(self.ranked) if self.fixed_probs is None else None
+        self.online: OnlineProfile | None = None
+        self.stored_prior = False  # the online estimate starts from a stored profile
+        if self.fixed_probs is None:
+            stored = None
+            store = self.curves.store
+            if store is not None and self.draft_model is not None:
+                stored = store.get_profile(
+                    target, self.draft_model, _method_name(method), float(temperature or 0.0)
+                )
+            self.stored_prior = stored is not None
+            self.online = OnlineProfile(self.ranked, stored)
         self.chains: dict[str, TreeShape] = {}
         for k in CHAIN_LENGTHS:
             chain = TreeShape.chain(k)
@@ -364,6 +411,11 @@ class TreeChooser:
         self._plain_run = 0  # steps in a row without drafting
         self._spec_run = 0  # steps in a row with drafting
         self._plain_explored = False  # the early plain step was taken
+        self._can_pay = True  # drafting can pay under the best plausible acceptance
+        self._ever_drafted = False  # the draft session has been fed (else it prefills lazily)
+        self._catchup = 0  # tokens the draft must catch up on in the step just chosen
+        self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
+        self.explore_spent = 0.0  # predicted seconds lost to exploration steps so far
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -414,8 +466,10 @@ class TreeChooser:
     def _step_time(self, costs: CostModel, shape: TreeShape, batch: int) -> float:
         """Predicted seconds of a drafting step, corrected by the run's own steps."""
         target, draft = self._forward_parts(costs, shape, batch)
-        t = self.timing["spec"]
-        overhead = costs.overhead if t.overhead is None else t.overhead
+        t, plain = self.timing["spec"], self.timing["plain"]
+        overhead = t.overhead
+        if overhead is None:  # not timed yet: at least what a plain step spends outside its
+            overhead = max(costs.overhead, plain.overhead or 0.0)  # forward (it does all that)
         return self._target_ratio("spec") * target + t.draft_ratio * draft + overhead * batch
 
     def _target_ratio(self, kind: str) -> float:
@@ -434,38 +488,73 @@ class TreeChooser:
             self._target_ratio("plain") * costs.target_cost(1, batch) + overhead * batch
         )
 
+    def _unseen(self, context: list[int]) -> int:
+        """Tokens the draft session has not been fed yet: the whole context before the first
+        drafting step (sessions prefill lazily, on their first forward), else one per row and
+        plain step since the last drafting step."""
+        return self._plain_run if self._ever_drafted else len(context)
+
+    @staticmethod
+    def _drafting_can_pay(ceiling: float, plain: float) -> bool:
+        """Whether the best rate with every drafted token accepted beats plain decoding."""
+        return ceiling > plain
+
+    def _budget_allows(self, cost: float) -> bool:
+        """Whether an exploration step predicted to lose ``cost`` seconds keeps the time lost to
+        exploration within :data:`EXPLORE_BUDGET` of the run's time so far."""
+        return self.explore_spent + max(cost, 0.0) <= EXPLORE_BUDGET * self.elapsed
+
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
         ``batch`` live rows; the decision is kept in :attr:`last`."""
-        explore = self._plain_run >= EXPLORE_AFTER
+        explore = self._plain_run >= EXPLORE_AFTER and self._can_pay
         cached = self._decided  # kept while nothing was learned (unless it is time to explore)
         fresh = cached is not None and cached[0] == (batch, self._learned)
         if cached is not None and fresh and not (explore and cached[1] is None):
             self._chosen = (self._chosen[0], cached[1], batch) if self._chosen else None
-            return self._count(cached[1])
+            if self.last is not None and (self.last.measure_seconds or self.last.explore):
+                self.last = replace(self.last, measure_seconds=0.0, explore=False)
+            return self._count(cached[1], context)
+        measured = self.curves.measure_seconds
         costs = self.costs_at(context, batch)
+        measured = self.curves.measure_seconds - measured
         probs = self.depth_probs()
         plain = self._plain_rate(costs, batch)
         best_spec, best_shape, best_rate, best_parts = None, None, -math.inf, (0.0, 0.0)
+        ceiling = -math.inf  # the best rate if every drafted token were accepted
         for spec, shape in self.candidates(probs).items():
             tokens = batch * expected_tokens(shape, probs)
             seconds = self._step_time(costs, shape, batch)
+            ceiling = max(ceiling, batch * (1 + shape.depth) / seconds)
             if tokens / seconds > best_rate:
                 best_spec, best_shape, best_rate = spec, shape, tokens / seconds
                 best_parts = (tokens, seconds)
-        drafts = best_shape is not None and best_rate > plain
-        exploring = not drafts and best_shape is not None and explore
-        drafts = drafts or exploring  # exploration: measure drafting again (profile, step time)
+        # drafting cannot pay even if every draft were accepted: never draft, never explore
+        self._can_pay = self._drafting_can_pay(ceiling, plain)
+        drafts = best_shape is not None and best_rate > plain and self._can_pay
+        exploring = False
         spec_t, plain_t = self.timing["spec"], self.timing["plain"]
-        if (
-            drafts
-            and not exploring
-            and (
-                self._spec_run >= EXPLORE_PLAIN_AFTER
-                or (not plain_t.steps and spec_t.steps >= 2 and not self._plain_explored)
+        if not drafts and best_shape is not None and self._can_pay and explore:
+            # exploration: draft the best tree once, to measure drafting again (profile, step
+            # time) -- if the time it is predicted to lose (its step, the draft's catch-up on
+            # the tokens it has not seen, less the plain time of the same tokens) fits the budget
+            catchup = self._unseen(context)
+            lost = (
+                best_parts[1]
+                + (spec_t.draft_ratio * costs.draft_cost(catchup, batch) if catchup > 1 else 0.0)
+                - best_parts[0] / plain
             )
-        ):  # exploration the other way: time a step without drafting
-            drafts, exploring, self._plain_explored = False, True, True
+            if self._budget_allows(lost):
+                drafts = exploring = True
+                self.explore_spent += max(lost, 0.0)
+        elif drafts and (
+            self._spec_run >= EXPLORE_PLAIN_AFTER
+            or (not plain_t.steps and spec_t.steps >= 2 and not self._plain_explored)
+        ):  # exploration the other way: time a step without drafting (within the budget)
+            lost = batch / plain - batch / best_rate  # B tokens plain, not at the best rate
+            if self._budget_allows(lost):
+                drafts, exploring, self._plain_explored = False, True, True
+                self.explore_spent += max(lost, 0.0)
         self.last = Choice(
             tree=best_spec if drafts and best_spec else "none",
             predicted=best_rate if drafts else plain,
@@ -475,13 +564,19 @@ class TreeChooser:
             batch=batch,
             predicted_tokens=best_parts[0] if drafts else float(batch),
             predicted_seconds=best_parts[1] if drafts else batch / plain,
+            explore=exploring,
+            measure_seconds=measured,
+            can_pay=self._can_pay,
         )
         chosen = best_shape if drafts else None
         self._decided = None if exploring else ((batch, self._learned), chosen)
         self._chosen = (costs, chosen, batch)
-        return self._count(chosen)
+        return self._count(chosen, context)
 
-    def _count(self, chosen: TreeShape | None) -> TreeShape | None:
+    def _count(self, chosen: TreeShape | None, context: list[int]) -> TreeShape | None:
+        self._catchup = self._unseen(context) if chosen is not None else 0
+        if chosen is not None:
+            self._ever_drafted = True
         self._plain_run = 0 if chosen is not None else self._plain_run + 1
         self._spec_run = 0 if chosen is None else self._spec_run + 1
         return chosen
@@ -502,6 +597,7 @@ class TreeChooser:
         cost what it costs, whatever this row chose; by default this row's own choice.
         Skipped: a step during which cost curves were measured, and one whose forwards included
         a prompt's prefill (``prefill``: a sequence's first step, a row joining the batch)."""
+        self.elapsed += total
         epoch, self._epoch = self._epoch, self.curves.measurements
         if self._chosen is None or epoch != self.curves.measurements or batch < 1 or prefill:
             return
@@ -514,6 +610,8 @@ class TreeChooser:
         if shape is None:
             predicted_target = costs.target_cost(1, batch)
             self.timing["plain"].update(target / max(predicted_target, 1e-9), 1.0, overhead)
+        elif self._catchup > 2:  # the draft's forwards fed tokens of plain steps (or its
+            return  # prompt: lazy prefill): not what a drafting step costs
         else:
             pt, pd = self._forward_parts(costs, shape, batch)
             dr = draft / pd if pd > 0 else 1.0
@@ -535,6 +633,7 @@ class TreeChooser:
 __all__ = [
     "CHAIN_LENGTHS",
     "EXPLORE_AFTER",
+    "EXPLORE_BUDGET",
     "EXPLORE_PLAIN_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",

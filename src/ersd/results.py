@@ -181,6 +181,28 @@ class GenerationResult:
             )
         return f"auto chose: {chosen} (last step: {why}, batch {last['batch']})"
 
+    @property
+    def auto_finding_out(self) -> dict[str, Any] | None:
+        """``tree="auto"``: the time spent finding out what pays: ``measure_s`` (cost curves
+        measured during the run; 0 when they came from the store or an earlier run),
+        ``explore_steps`` / ``explore_s`` (steps taken against the prediction to measure the
+        other kind of step, whole step seconds: a draft's lazy prefill in such a step included)
+        and their ``share`` of the run's wall time."""
+        picks = [(s, s.choice) for s in self.steps if s.choice]
+        if not picks:
+            return None
+        measure = sum(float(c.get("measure_seconds", 0.0)) for _, c in picks)
+        explore = [s for s, c in picks if c.get("explore")]
+        explore_s = sum(s.total_time for s in explore)
+        wall = self.wall_time
+        return {
+            "measure_s": measure,
+            "explore_steps": len(explore),
+            "explore_s": explore_s,
+            "share": (measure + explore_s) / wall if wall > 0 else 0.0,
+            "can_pay": bool(picks[-1][1].get("can_pay", True)),
+        }
+
     def summary(self) -> str:
         """A few human-readable lines: tokens, calls, block efficiency, speed, auto's choice."""
         lines = [
@@ -190,6 +212,14 @@ class GenerationResult:
         ]
         if self.auto_summary:
             lines.append(self.auto_summary)
+            f = self.auto_finding_out
+            if f is not None:
+                lines.append(
+                    f"auto finding out: {f['share']:.1%} of the run (measuring "
+                    f"{f['measure_s']:.2f} s, {f['explore_steps']} exploring steps "
+                    f"{f['explore_s']:.2f} s)"
+                    + ("" if f["can_pay"] else "; drafting cannot pay on these costs")
+                )
         return "\n".join(lines)
 
     def stats(self) -> dict[str, Any]:
@@ -216,6 +246,7 @@ class GenerationResult:
             "expected_block_efficiency": self.expected_block_efficiency,
             "auto_choices": self.auto_choices or None,
             "auto_summary": self.auto_summary,
+            "auto_finding_out": self.auto_finding_out,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -370,8 +370,10 @@ class AutoTree:
     ``optimal:K@FILE``), a :class:`ersd.theory.RankProfile`, or per-depth rank vectors; ``None``
     estimates it online from the run's own verified steps.  ``costs``: an
     :class:`ersd.costs.CostModel` (or its dict); ``None`` takes a calibration file's costs, else
-    measures the models' forward curves once per generation (or batch engine); an
-    :class:`ersd.auto.CurveCache` shares that measurement across the generations given it.
+    the curves kept in the cost store (:mod:`ersd.cost_store`, measured earlier on this machine),
+    else measures the models' forward curves once per generation (or batch engine) and stores
+    them; an :class:`ersd.auto.CurveCache` shares that measurement across the generations given
+    it.
     ``max_nodes`` caps the candidate trees' size.  Plain data: each generation builds its own
     chooser from it.
     """

@@ -6,9 +6,11 @@ A thin layer over :mod:`ersd.models.bundled`; no logic lives here.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
+from ersd.commands._loading import ModelArgs, load_pair, model_options
 from ersd.errors import ErsdError
 from ersd.models import bundled
 
@@ -153,6 +155,154 @@ def requirements_cmd(names: tuple[str, ...], missing: bool) -> None:
         raise click.ClickException(str(exc)) from None
     if reqs:
         click.echo(" ".join(reqs))
+
+
+@models.command("calibrate")
+@model_options(dtype="float32")
+@click.option(
+    "--max-batch",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Measure cost curves at batch 1 and every power of two up to this (batched auto, serve).",
+)
+@click.option(
+    "--temperatures",
+    default="0,1",
+    show_default=True,
+    help="Comma-separated temperatures whose rank profile to record ('' : curves only).",
+)
+@click.option(
+    "--tokens", type=int, default=48, show_default=True, help="Tokens per profiling prompt."
+)
+@click.option("--prompts", "num_prompts", type=int, default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line).")
+def calibrate_cmd(
+    models: ModelArgs,
+    max_batch: int,
+    temperatures: str,
+    tokens: int,
+    num_prompts: int,
+    as_json: bool,
+) -> None:
+    """Measure this machine's cost curves for TARGET and DRAFT (and the pair's rank profiles)
+    and keep them in the model cache, where tree="auto" reads them (ersd.cost_store).
+
+    Measures again whatever is stored; entries from another CPU, build or thread count are
+    replaced. ``$ERSD_COST_STORE`` moves the store (``off``: no store, nothing is kept)."""
+    from ersd.auto import draft_model_of
+    from ersd.cost_store import CostStore
+    from ersd.costs import DEFAULT_SIZES, measure_curve
+
+    try:
+        temps = [float(t) for t in temperatures.split(",") if t.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{temperatures!r}: write numbers separated by commas, e.g. 0,1",
+            param_hint="--temperatures",
+        ) from None
+    if max_batch < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--max-batch")
+    store = CostStore.default()
+    if store.path is None:
+        raise click.ClickException(
+            "the cost store is off ($ERSD_COST_STORE=off): unset it (or name a directory) to "
+            "keep calibrations"
+        )
+    try:
+        pair = load_pair(models)
+        draft = draft_model_of(pair.draft) if pair.draft is not None else None
+        sizes = [1]
+        while sizes[-1] < max_batch:
+            sizes.append(sizes[-1] * 2)
+        prompts = _calibration_prompts(pair.target, num_prompts)
+        curves: dict[str, dict[int, list[float]]] = {}
+        for role, model in (("target", pair.target), ("draft", draft)):
+            if model is None:
+                continue
+            for b in sizes:
+                curve = measure_curve(model, prompts[0][-64:], DEFAULT_SIZES, batch=b, repeats=2)
+                store.put_curve(model, b, DEFAULT_SIZES, curve)
+                curves.setdefault(role, {})[b] = curve
+        profiles: dict[float, dict[str, Any]] = {}
+        if draft is not None and temps:
+            for t in temps:
+                probs, n = _rank_profile(pair.target, pair.draft, prompts, t, tokens)
+                store.put_profile(pair.target, draft, "ersd", t, probs, n)
+                profiles[t] = {"depth_probs": probs, "observations": n}
+    except ErsdError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "store": str(store.path),
+                    "sizes": list(DEFAULT_SIZES),
+                    "curves": curves,
+                    "profiles": {str(t): p for t, p in profiles.items()},
+                }
+            )
+        )
+        return
+    for role, by_batch in curves.items():
+        for b, curve in by_batch.items():
+            ms = " / ".join(f"{1e3 * v:.1f}" for v in curve)
+            click.echo(f"{role} batch {b}: {ms} ms for {'/'.join(map(str, DEFAULT_SIZES))} tokens")
+    for t, p in profiles.items():
+        first = ", ".join(f"{row[0]:.2f}" for row in p["depth_probs"][:6])
+        click.echo(f"T={t:g}: P(R = 1) by depth {first} ({p['observations']} observations)")
+    click.echo(f"kept in {store.path}")
+
+
+def _calibration_prompts(target: Any, count: int) -> list[list[int]]:
+    """Token ids of the first calibration prompts of each bundled category, round robin."""
+    from ersd.bench.prompts import encode_prompt, load_prompts
+
+    by_set = [load_prompts([s], "calib", count) for s in ("humaneval", "mtbench", "math")]
+    picked = [p for group in zip(*by_set, strict=False) for p in group][: max(count, 1)]
+    return [encode_prompt(target.tokenizer, p, "auto", 256) for p in picked]
+
+
+def _rank_profile(
+    target: Any, draft: Any, prompts: list[list[int]], temperature: float, tokens: int
+) -> tuple[list[list[float]], int]:
+    """Per-depth rank probabilities of ERSD with a chain:4 drafter on ``prompts``: the target
+    winner's rank in the draft's race (T > 0), or whether each chain position was accepted."""
+    import ersd
+    from ersd.auto import MAX_RANK
+
+    counts: list[list[int]] = []
+    trials: list[int] = []
+
+    def add(depth: int, rank: int | None) -> None:
+        while len(trials) <= depth:
+            counts.append([0] * MAX_RANK)
+            trials.append(0)
+        trials[depth] += 1
+        if rank is not None and 1 <= rank <= MAX_RANK:
+            counts[depth][rank - 1] += 1
+
+    for i, ids in enumerate(prompts):
+        res = ersd.generate(
+            target,
+            draft,
+            ids,
+            max_new_tokens=tokens,
+            tree="chain:4",
+            temperature=temperature,
+            seed=20_000 + i,
+        )
+        for s in res.steps:
+            if s.ranks:
+                for d, r in enumerate(s.ranks):
+                    add(d, int(r))
+            else:
+                for d in range(min(s.num_accepted + 1, s.tree_depth)):
+                    add(d, 1 if d < s.num_accepted else None)
+    if not trials:
+        return [[0.0] * MAX_RANK], 0
+    probs = [[c / n for c in row] for row, n in zip(counts, trials, strict=True)]
+    return probs, sum(trials)
 
 
 __all__ = ["models"]

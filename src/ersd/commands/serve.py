@@ -244,6 +244,8 @@ def serve(
     # The engine runs on the main thread and the HTTP server in a thread: torch forwards were
     # measured ~1.6x slower in a worker thread on this CPU (docs/serve.md, "Threads").
     app = create_app(pair.target, pair.draft, config, engine_thread=False)
+    if shape is not None and shape.auto is not None:
+        _prepare_auto(pair, app.state.serving.engine.curves, max_batch_size)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -281,3 +283,22 @@ def serve(
         raise click.ClickException(
             f"the HTTP server did not start on {host}:{port} (see the log above: a port in use?)"
         )
+
+
+def _prepare_auto(pair: Any, curves: Any, max_batch_size: int) -> None:
+    """``--tree auto``: the cost curves of every batch size up to ``--max-batch-size``, read
+    from the cost store or measured now, at start-up -- never inside a client's request."""
+    import time
+
+    from ersd.auto import draft_model_of, prepare_costs
+
+    t0 = time.perf_counter()
+    ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 8)
+    prepare_costs(pair.target, draft_model_of(pair.draft), ids, max_batch_size, curves)
+    stored = curves.store.hits if curves.store is not None else 0
+    click.echo(
+        f"[tree auto: cost curves for batch 1..{max_batch_size} ready in "
+        f"{time.perf_counter() - t0:.1f}s ({curves.measurements} measured, {stored} from the "
+        "cost store)]",
+        err=True,
+    )

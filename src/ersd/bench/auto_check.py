@@ -1,0 +1,221 @@
+"""``tree="auto"`` against plain decoding and fixed trees on one backend (issue 30).
+
+One process, one model pair, configurations interleaved (rotated per prompt) so that machine
+drift hits them alike.  Cost curves come from the cost store (:mod:`ersd.cost_store`) or are
+measured once before any timed run -- what a process pays on a machine it has not seen, reported
+as ``measure_s`` -- and every timed ``auto`` run reports the time it spent finding out
+(:attr:`ersd.GenerationResult.auto_finding_out`: measuring, exploring, a draft prefilled for an
+exploring step).  Per category and temperature: ``auto ÷ plain`` and ``auto ÷ best fixed tree``
+(the fixed tree with the highest mean rate in that category; and the harsher per-prompt best) as
+means over prompts with Student-t 95% intervals.
+
+    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 \\
+        --temperatures 0 1 --per-set 2 --fixed --out llamacpp.json
+    python -m ersd.bench.auto_check --backend hf --draft-dtype int8 --tokens 48 \\
+        --temperatures 0 1 --per-set 2 --fixed chain:4 chain:6 --out hf.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+SETS = ("humaneval", "mtbench", "math", "grounded")
+
+
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    import ersd
+
+    if args.backend == "llamacpp":
+        opts: dict[str, Any] = {"backend": "llamacpp", "threads": args.threads}
+        return ersd.load_model(args.target, **opts), ersd.load_model(args.draft, **opts)
+    target = ersd.load_model(args.target, dtype=args.dtype)
+    return target, ersd.load_model(args.draft, dtype=args.draft_dtype or args.dtype)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ersd
+    from ersd.auto import CurveCache, prepare_costs
+    from ersd.bench.prompts import encode_prompt, load_prompts
+    from ersd.tree import AutoTree
+
+    target, draft = load(args)
+    prompts = [p for s in args.sets for p in load_prompts([s], "eval", args.per_set)]
+    encoded = [encode_prompt(target.tokenizer, p, "auto", 384) for p in prompts]
+    curves = CurveCache()
+    t0 = time.perf_counter()
+    prepare_costs(target, draft, encoded[0], 1, curves)
+    setup: dict[str, Any] = {
+        "measure_s": time.perf_counter() - t0,
+        "measured": curves.measurements,
+        "from_store": curves.store.hits if curves.store is not None else 0,
+        "stale": curves.store.stale if curves.store is not None else 0,
+    }
+    if args.profile_tokens > 0 and curves.store is not None:
+        # what `ersd models calibrate` stores: the pair's rank profiles (calibration prompts)
+        from ersd.commands.models import _calibration_prompts, _rank_profile
+
+        t1 = time.perf_counter()
+        calib = _calibration_prompts(target, 1)
+        for temp in args.temperatures:
+            probs, n = _rank_profile(target, draft, calib, temp, args.profile_tokens)
+            curves.store.put_profile(target, draft, "ersd", temp, probs, n)
+            setup[f"profile_T={temp:g}"] = [round(row[0], 3) for row in probs]
+        setup["profile_s"] = time.perf_counter() - t1
+    auto = AutoTree(costs=curves)
+    configs: list[tuple[str, Any, Any]] = [("plain", None, "chain:1"), ("auto", draft, auto)]
+    configs += [(f, draft, f) for f in args.fixed]
+    eos = target.eos_token_ids or None
+    for _, d, tree in configs:  # warm-up: every configuration once, untimed
+        ersd.generate(target, d, encoded[0], max_new_tokens=4, tree=tree, temperature=1.0)
+    rows = []
+    k = 0
+    for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
+        for temp in args.temperatures:
+            order = configs[k % len(configs) :] + configs[: k % len(configs)]
+            k += 1
+            for name, d, tree in order:
+                res = ersd.generate(
+                    target,
+                    d,
+                    ids,
+                    max_new_tokens=args.tokens,
+                    tree=tree,
+                    temperature=temp,
+                    seed=i,
+                    eos_token_id=eos if args.eos else None,
+                )
+                row = {
+                    "prompt": p.id,
+                    "set": p.set,
+                    "domain": p.domain,
+                    "temperature": temp,
+                    "config": name,
+                    "tokens": len(res.tokens),
+                    "seconds": res.wall_time,
+                    "rate": res.tokens_per_second,
+                    "target_calls": res.target_calls,
+                    "draft_forwards": res.draft_forwards,
+                    "auto_choices": res.auto_choices or None,
+                    "finding_out": res.auto_finding_out,
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return {
+        "args": vars(args),
+        "setup": setup,
+        "target": target.describe(),
+        "draft": draft.describe(),
+        "rows": rows,
+        "summary": summarise(rows, list(args.fixed)),
+    }
+
+
+def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[str]) -> None:
+    """One prompt's runs into a summary cell."""
+    a = cfg["auto"]
+    c["auto/plain"].append(a["rate"] / cfg["plain"]["rate"])
+    f = a["finding_out"] or {}
+    c["finding_out_share"].append(float(f.get("share", 0.0)))
+    c["cannot_pay"].append(0.0 if f.get("can_pay", True) else 1.0)
+    c["draft_forwards"].append(float(a["draft_forwards"]))
+    for name in fixed:
+        c[f"rate:{name}"].append(cfg[name]["rate"])
+    if fixed:
+        c["auto/best-fixed(prompt)"].append(a["rate"] / max(cfg[n]["rate"] for n in fixed))
+    c["rate:auto"].append(a["rate"])
+    c["rate:plain"].append(cfg["plain"]["rate"])
+
+
+def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
+    from ersd.bench.stats import t_interval
+
+    by: dict[tuple[str, float, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        by[(r["set"], r["temperature"], r["prompt"])][r["config"]] = r
+    cells: dict[tuple[str, float], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (s, temp, _), cfg in by.items():
+        for c in (cells[(s, temp)], cells[("all", temp)]):
+            add(c, cfg, fixed)
+    out: dict[str, Any] = {}
+    for (s, temp), c in sorted(cells.items()):
+        cell: dict[str, Any] = {
+            "n": len(c["auto/plain"]),
+            "auto/plain": t_interval(c["auto/plain"]).format(3),
+            "auto/plain_min": min(c["auto/plain"]),
+            "finding_out_share_mean": sum(c["finding_out_share"]) / len(c["finding_out_share"]),
+            "cannot_pay_prompts": int(sum(c["cannot_pay"])),
+            "auto_draft_forwards": int(sum(c["draft_forwards"])),
+        }
+        if fixed:
+            means = {n: sum(c[f"rate:{n}"]) / len(c[f"rate:{n}"]) for n in fixed}
+            best = max(means, key=lambda n: means[n])
+            ratios = [a / b for a, b in zip(c["rate:auto"], c[f"rate:{best}"], strict=True)]
+            cell["best_fixed"] = best
+            cell["auto/best-fixed"] = t_interval(ratios).format(3)
+            cell["auto/best-fixed(prompt)"] = t_interval(c["auto/best-fixed(prompt)"]).format(3)
+        out[f"{s} T={temp:g}"] = cell
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=["hf", "llamacpp"], default="hf")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-dtype", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--sets", nargs="+", default=list(SETS))
+    ap.add_argument("--per-set", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--fixed", nargs="*", default=[], help="fixed trees to compare (e.g. chain:4)")
+    ap.add_argument("--eos", action="store_true", help="stop at EOS (default: full length)")
+    ap.add_argument(
+        "--profile-tokens",
+        type=int,
+        default=0,
+        help="first store the pair's rank profiles (as `ersd models calibrate`) from this many "
+        "tokens of a calibration prompt per temperature (0: use what the store holds)",
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="summarise the rows a (cut) run printed instead of running",
+    )
+    args = ap.parse_args()
+    if args.from_log is not None:
+        rows = []
+        for line in args.from_log.read_text().splitlines():
+            if line.startswith('{"prompt"'):
+                rows.append(json.loads(line))
+        done = {(r["prompt"], r["temperature"]) for r in rows if r["config"] == "auto"}
+        complete = [
+            r
+            for r in rows
+            if (r["prompt"], r["temperature"]) in done
+            and sum(
+                1
+                for q in rows
+                if (q["prompt"], q["temperature"]) == (r["prompt"], r["temperature"])
+            )
+            == 2 + len(args.fixed)
+        ]
+        summary = {"rows": complete, "summary": summarise(complete, list(args.fixed))}
+        args.out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        print(json.dumps(summary["summary"], indent=1))
+        return
+    result = run(args)
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(json.dumps({"setup": result["setup"], "summary": result["summary"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""tree="auto" measures once and keeps it (ersd.cost_store), never drafts where drafting cannot
+pay, explores within a time budget, and prefills the draft only when a step drafts.
+
+Decisions are made deterministic by explicit cost models and a fake clock (the step times given
+to ``TreeChooser.observe_times``); the store's environment is a function the tests replace to
+simulate another CPU, another build or another thread count."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import ersd
+from ersd.auto import EXPLORE_AFTER, EXPLORE_BUDGET, CurveCache, TreeChooser
+from ersd.cost_store import CostStore, model_key
+from ersd.costs import DEFAULT_SIZES, CostModel
+from ersd.drafting import ModelDrafter
+from ersd.methods import get_method
+from ersd.tree import AutoTree
+from tests.toy import mixed_draft, table_model
+
+V = 30
+SIZES = [1, 2, 4, 8]
+#: the llama.cpp curve of a 2-core CPU (issue 15): each extra token costs almost a forward
+STEEP = CostModel(
+    sizes=SIZES, target=[0.063, 0.110, 0.214, 0.472], draft=[0.030, 0.053, 0.082, 0.155]
+)
+#: a flat target and a cheap draft, with a per-step overhead: drafting pays only for a good draft
+FLAT = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.001] * 4, overhead=0.7)
+ENV = {"cpu": "Fake CPU", "cpu_flags": "aaaa", "torch": "2.13.0", "torch_threads": 2}
+
+
+class Described(ersd.FunctionModel):
+    """A function model with a stable identity, as a Hugging Face model has."""
+
+    def __init__(self, name: str, seed: int = 0) -> None:
+        table = table_model(V, seed)
+        super().__init__(table.fn, V)
+        self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "hf", "name": self.name, "dtype": "float32"}
+
+
+def store(tmp_path, env: dict[str, Any] | None = None) -> CostStore:
+    e = dict(env or ENV)
+    return CostStore(tmp_path, env=lambda: e)
+
+
+def chooser(auto: AutoTree, curves: CurveCache | None = None) -> TreeChooser:
+    m = get_method("ersd")
+    return TreeChooser(auto, None, None, m, m, 1.0, curves)
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+def test_a_curve_is_measured_once_and_read_back_by_a_later_process(tmp_path) -> None:
+    model = Described("test/a")
+    first = CurveCache(store=store(tmp_path))
+    curve = first.curve(model, [1, 2, 3], 1)
+    assert first.measurements == 1 and first.measure_seconds > 0 and model.forward_calls > 0
+    data = json.loads((tmp_path / "costs.json").read_text())
+    assert len(data["curves"]) == 1
+    entry = next(iter(data["curves"].values()))
+    assert entry["seconds"] == curve and entry["env"] == ENV
+    # a later process (a new cache, a new store object on the same directory) measures nothing
+    calls = model.forward_calls
+    later = CurveCache(store=store(tmp_path))
+    assert later.curve(model, [7, 8], 1) == curve
+    assert later.measurements == 0 and later.measure_seconds == 0.0 and later.store is not None
+    assert later.store.hits == 1 and model.forward_calls == calls
+    # another batch size or another model is another entry
+    later.curve(model, [1, 2, 3], 2)
+    later.curve(Described("test/b"), [1, 2, 3], 1)
+    assert later.measurements == 2
+    assert len(json.loads((tmp_path / "costs.json").read_text())["curves"]) == 3
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [{"cpu_flags": "bbbb"}, {"cpu": "Other CPU"}, {"torch": "2.14.0"}, {"torch_threads": 4}],
+    ids=["cpu-flags", "cpu", "build", "threads"],
+)
+def test_a_stale_curve_is_remeasured_never_trusted(tmp_path, changed) -> None:
+    model = Described("test/a")
+    CurveCache(store=store(tmp_path)).curve(model, [1, 2, 3], 1)
+    # poison the stored seconds: a stale entry must not be read, whatever it says
+    path = tmp_path / "costs.json"
+    data = json.loads(path.read_text())
+    for entry in data["curves"].values():
+        entry["seconds"] = [123.0] * len(DEFAULT_SIZES)
+    path.write_text(json.dumps(data))
+    calls = model.forward_calls
+    elsewhere = CurveCache(store=store(tmp_path, {**ENV, **changed}))
+    curve = elsewhere.curve(model, [1, 2, 3], 1)
+    assert elsewhere.measurements == 1 and model.forward_calls > calls
+    assert curve != [123.0] * len(DEFAULT_SIZES) and elsewhere.store is not None
+    assert elsewhere.store.stale == 1
+    entry = next(iter(json.loads(path.read_text())["curves"].values()))
+    assert entry["env"] == {**ENV, **changed} and entry["seconds"] == curve  # replaced
+    # the same environment reads the poisoned entry back: proof the check above is the env's
+    same = CurveCache(store=store(tmp_path, {**ENV, **changed}))
+    assert same.curve(model, [1], 1) == curve and same.measurements == 0
+
+
+def test_models_without_an_identity_are_not_stored_and_bad_files_are_rewritten(
+    tmp_path, caplog
+) -> None:
+    toy = table_model(V, 0)  # a Python function: no stable identity
+    assert model_key(toy) is None and model_key(Described("x")) is not None
+    cache = CurveCache(store=store(tmp_path))
+    cache.curve(toy, [1, 2], 1)
+    assert not (tmp_path / "costs.json").exists()
+    (tmp_path / "costs.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="ersd"):
+        CurveCache(store=store(tmp_path)).curve(Described("x"), [1, 2], 1)
+    assert "unreadable" in caplog.text
+    assert len(json.loads((tmp_path / "costs.json").read_text())["curves"]) == 1
+
+
+def test_an_unwritable_store_warns_once_and_still_measures(tmp_path, caplog) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = CurveCache(store=store(blocker / "sub"))  # a directory below a file: not creatable
+    with caplog.at_level(logging.WARNING, logger="ersd"):
+        a = cache.curve(Described("x"), [1, 2], 1)
+        cache.curve(Described("y"), [1, 2], 1)
+    assert len(a) == len(DEFAULT_SIZES) and cache.measurements == 2
+    assert caplog.text.count("cannot be written") == 1 and "ERSD_COST_STORE" in caplog.text
+
+
+def test_the_store_is_off_with_the_environment_variable(monkeypatch, tmp_path) -> None:
+    from ersd.cost_store import default_dir
+
+    monkeypatch.setenv("ERSD_COST_STORE", "off")
+    assert default_dir() is None and CostStore.default().path is None
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    assert CostStore.default().path == tmp_path / "costs.json"
+
+
+def test_a_stored_rank_profile_is_the_online_estimates_prior(tmp_path) -> None:
+    target, draft = Described("t"), Described("d", seed=1)
+    s = store(tmp_path)
+    s.put_profile(target, draft, "ersd", 1.0, [[0.95, 0.03], [0.9, 0.05]], observations=200)
+    m = get_method("ersd")
+    drafter = ModelDrafter(draft)
+    c = TreeChooser(AutoTree(costs=FLAT), target, drafter, m, m, 1.0, CurveCache(store=s))
+    assert c.stored_prior and c.online is not None
+    assert c.online.prior[:2] == pytest.approx([0.925, 0.04])
+    # a generic prior (no stored profile) for another temperature or a stale environment
+    far = TreeChooser(AutoTree(costs=FLAT), target, drafter, m, m, 0.0, CurveCache(store=s))
+    assert not far.stored_prior
+    other = store(tmp_path, {**ENV, "cpu_flags": "cccc"})
+    stale = TreeChooser(AutoTree(costs=FLAT), target, drafter, m, m, 1.0, CurveCache(other))
+    assert not stale.stored_prior and other.stale == 1
+    # the stored profile changes the decision: on FLAT the generic prior does not draft, a
+    # stored profile of a near-perfect draft does
+    assert far.choose([1]) is None and c.choose([1]) is not None
+
+
+# --- no drafting where it cannot pay; exploration within a budget -------------------------------
+
+
+def test_a_curve_where_drafting_cannot_pay_never_drafts_nor_explores() -> None:
+    """STEEP: even if every drafted token were accepted, no tree beats one-token decoding, so
+    no step drafts, however long the run and however much exploration budget it has."""
+    c = chooser(AutoTree(costs=STEEP))  # online profile: exploration would be the only way in
+    plain = STEEP.target_cost(1)
+    c.observe_times(1, 0.0, 10 * plain, 10 * plain, prefill=True)
+    c.elapsed = 1e6  # a huge budget (fake clock)
+    decisions = []
+    for _ in range(20 * EXPLORE_AFTER):
+        decisions.append(c.choose([1, 2, 3]))
+        c.observe_times(1, 0.0, plain, plain)  # every plain step exactly as predicted
+    assert all(d is None for d in decisions)
+    assert c.last is not None and not c.last.can_pay and c.explore_spent == 0.0
+
+
+class FakeClock:
+    """perf_counter for the generation loop and the drafter: it advances only when a model is
+    called, by that model's forward seconds on a cost curve (so timings are exact)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def model(self, base: ersd.FunctionModel, costs: list[float]) -> ersd.FunctionModel:
+        """``base`` costing ``costs[s]`` seconds for a forward of the ``s``-th size (by the
+        number of sequences scored at once, the size of a tree forward)."""
+
+        def fn(seqs: list[list[int]]) -> torch.Tensor:
+            n = len(seqs)
+            self.now += costs[min(range(len(SIZES)), key=lambda i: abs(SIZES[i] - n))]
+            return base.fn(seqs)
+
+        return ersd.FunctionModel(fn, base.vocab_size)
+
+
+def steep_generation(monkeypatch) -> tuple[Any, ersd.FunctionModel]:
+    import ersd.drafting.model
+    import ersd.generation
+
+    clock = FakeClock()
+    monkeypatch.setattr(ersd.generation, "time", clock)
+    monkeypatch.setattr(ersd.drafting.model, "time", clock)
+    base = table_model(V, seed=0)
+    target = clock.model(base, STEEP.target)
+    draft = clock.model(mixed_draft(base, table_model(V, seed=1), 0.3), STEEP.draft)
+    res = ersd.generate(target, draft, [1, 2], max_new_tokens=120, tree=AutoTree(costs=STEEP))
+    return res, draft
+
+
+def test_cannot_pay_generates_with_zero_draft_forwards_and_reports_it(monkeypatch) -> None:
+    """A real generation (toy pair on a fake clock that charges STEEP's seconds per forward):
+    no draft forward at all -- the draft session is never even prefilled -- and the result
+    reports what finding out cost.  The same run with the ceiling check removed (a
+    deliberately broken chooser, exploration unbudgeted) drafts, so the check is what keeps
+    the draft idle."""
+    res, draft = steep_generation(monkeypatch)
+    assert res.auto_choices == {"none": 120}
+    assert draft.forward_calls == 0 and res.draft_forwards == 0 and res.num_draft_tokens == 0
+    f = res.auto_finding_out
+    assert f is not None and f["explore_steps"] == 0 and f["measure_s"] == 0.0
+    assert not f["can_pay"] and "cannot pay" in res.summary()
+    assert res.stats()["auto_finding_out"] == f
+
+    import ersd.auto as auto_mod
+
+    monkeypatch.setattr(auto_mod, "EXPLORE_BUDGET", 1e9)
+    monkeypatch.setattr(TreeChooser, "_drafting_can_pay", staticmethod(lambda ceiling, plain: True))
+    broken, broken_draft = steep_generation(monkeypatch)
+    assert broken_draft.forward_calls > 0 and broken.auto_finding_out["explore_steps"] > 0
+    assert broken.tokens == res.tokens  # ERSD: the text does not depend on the trees
+
+
+def test_a_batch_where_drafting_cannot_pay_never_drafts(monkeypatch) -> None:
+    """The same in a batch (one chooser for the rows, the engine's clock faked likewise):
+    zero draft forwards for every row, and each row's text is its solo text."""
+    import ersd.batch
+    import ersd.drafting.model
+    import ersd.generation
+
+    clock = FakeClock()
+    for mod in (ersd.generation, ersd.drafting.model, ersd.batch):
+        monkeypatch.setattr(mod, "time", clock)
+    base = table_model(V, seed=0)
+    target = clock.model(base, STEEP.target)
+    draft = clock.model(mixed_draft(base, table_model(V, seed=1), 0.3), STEEP.draft)
+    prompts = [[1, 2], [3], [4, 5, 6], [7]]
+    out = ersd.generate_batch(
+        target, draft, prompts, max_new_tokens=60, tree=AutoTree(costs=STEEP), seeds=[3, 4, 5, 6]
+    )
+    assert draft.forward_calls == 0
+    for res in out:
+        assert res.draft_forwards == 0 and res.auto_choices == {"none": 60}
+        assert res.auto_finding_out is not None and not res.auto_finding_out["can_pay"]
+    solo = ersd.generate(target, None, prompts[0], max_new_tokens=60, seed=3)
+    assert out[0].tokens == solo.tokens
+
+
+def test_exploration_is_budgeted_and_counts_the_drafts_lazy_prefill() -> None:
+    """Exploring after a long plain run costs the draft's catch-up on every token it has not
+    seen (its prompt, on the first drafting step): the predicted loss includes it, so a long
+    context needs a longer run before the budget allows one exploring step."""
+    costs = CostModel(
+        sizes=SIZES, target=[0.1] * 4, draft=[0.001, 0.002, 0.004, 0.008], overhead=0.7
+    )
+    short, long_ = chooser(AutoTree(costs=costs)), chooser(AutoTree(costs=costs))
+    for c, context in ((short, [1] * 4), (long_, [1] * 4000)):
+        c.elapsed = 40.0
+        picks = [c.choose(context) for _ in range(EXPLORE_AFTER + 1)]
+        assert all(p is None for p in picks[:EXPLORE_AFTER])
+    assert short.explore_spent > 0 and short.last is not None and short.last.explore
+    # 4000 tokens of the draft's prefill (4 s on this draft curve) do not fit 2% of 40 s
+    assert long_.explore_spent == 0.0
+    long_.elapsed = 1000.0
+    assert long_.choose([1] * 4000) is not None and long_.last is not None and long_.last.explore
+    assert long_.explore_spent > 4.0 and long_.explore_spent <= EXPLORE_BUDGET * long_.elapsed
+
+
+def test_a_drafting_step_that_fed_the_drafts_prefill_is_not_learned_from() -> None:
+    c = chooser(AutoTree(profile=[[0.95, 0.03]], costs=FLAT))
+    shape = c.choose([1] * 50)  # drafts at once: the draft session prefills 50 tokens lazily
+    assert shape is not None and c._catchup == 50
+    c.observe_times(1, 5.0, 0.1, 5.2)  # 5 s of draft prefill
+    assert c.timing["spec"].steps == 0  # not taken as what a drafting step costs
+    assert c.choose([1] * 55) is not None and c._catchup == 0
+    t, d = c._forward_parts(FLAT, c._chosen[1], 1)  # type: ignore[index]
+    c.observe_times(1, d, t, t + d + 0.7)
+    assert c.timing["spec"].steps == 1 and c.timing["spec"].draft_ratio == pytest.approx(1.0)
+
+
+def test_torch_threads_are_part_of_the_environment() -> None:
+    from ersd.cost_store import environment
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = environment()
+        torch.set_num_threads(2)
+        two = environment()
+    finally:
+        torch.set_num_threads(threads)
+    assert one != two and {k for k in one if one[k] != two[k]} == {"torch_threads"}
+
+
+def test_models_calibrate_writes_what_auto_then_reads(tmp_path, monkeypatch) -> None:
+    """`ersd models calibrate` measures the pair's curves (and rank profiles) into the store; a
+    later generation with tree="auto" reads them and measures nothing."""
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    args = ["--target", "tiny-qwen2", "--draft", "tiny-qwen2-draft", "--tokens", "8"]
+    out = CliRunner().invoke(
+        main, ["models", "calibrate", *args, "--prompts", "1", "--temperatures", "1", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output.strip().splitlines()[-1])
+    assert set(payload["curves"]) == {"target", "draft"} and payload["profiles"]["1.0"]
+    target, draft = ersd.load_model("tiny-qwen2"), ersd.load_model("tiny-qwen2-draft")
+    cache = CurveCache()
+    res = ersd.generate(target, draft, [1, 2, 3], max_new_tokens=8, tree=AutoTree(costs=cache))
+    assert cache.measurements == 0 and cache.store is not None and cache.store.hits == 2
+    assert res.auto_finding_out is not None and res.auto_finding_out["measure_s"] == 0.0
+    m = get_method("ersd")
+    c = TreeChooser(AutoTree(), target, ModelDrafter(draft), m, m, 1.0, cache)
+    assert c.stored_prior
+    # bad input names the option
+    bad = CliRunner().invoke(main, ["models", "calibrate", *args, "--temperatures", "x"])
+    assert bad.exit_code != 0 and "--temperatures" in bad.output
+
+
+def test_serve_tree_auto_prepares_its_curves_at_start_up(tmp_path, monkeypatch) -> None:
+    """`ersd serve --tree auto` has the curves of every batch size up to --max-batch-size before
+    it serves (measured at the first start, read from the store at the next), so no client's
+    request pays for a measurement. uvicorn.Server is replaced: no port is opened."""
+    pytest.importorskip("uvicorn")
+    import uvicorn
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    seen: dict[str, Any] = {}
+
+    class FakeServer:
+        started = True
+        should_exit = force_exit = False
+
+        def __init__(self, config: Any) -> None:
+            seen["app"] = config.app
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    args = ["serve", "--target", "tiny-qwen2", "--draft", "tiny-qwen2-draft", "--tree", "auto"]
+    args += ["--max-batch-size", "3"]
+    counts = []
+    for _ in range(2):
+        res = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        curves = seen["app"].state.serving.engine.curves
+        counts.append((curves.measurements, curves.store.hits))
+        assert "tree auto: cost curves for batch 1..3 ready" in res.stderr
+    # batch sizes 1, 2, 4 for the target and the draft: measured once, then read back
+    assert counts == [(6, 0), (0, 6)]
+
+
+def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
+    """The benchmark's summary: auto ÷ plain and auto ÷ the category's best fixed tree, paired
+    per (prompt, temperature), with the 'all' row pooling the categories."""
+    from ersd.bench.auto_check import summarise
+
+    def row(prompt: str, s: str, config: str, rate: float, can_pay: bool = True) -> dict:
+        f = {"share": 0.01, "can_pay": can_pay} if config == "auto" else None
+        return {
+            "prompt": prompt,
+            "set": s,
+            "temperature": 1.0,
+            "config": config,
+            "rate": rate,
+            "draft_forwards": 3 if config != "plain" else 0,
+            "finding_out": f,
+        }
+
+    rows = [
+        row("a", "code", "plain", 2.0),
+        row("a", "code", "auto", 3.0),
+        row("a", "code", "chain:4", 4.0),
+        row("a", "code", "chain:6", 3.5),
+        row("b", "chat", "plain", 4.0),
+        row("b", "chat", "auto", 4.0, can_pay=False),
+        row("b", "chat", "chain:4", 2.0),
+        row("b", "chat", "chain:6", 5.0),
+    ]
+    out = summarise(rows, ["chain:4", "chain:6"])
+    assert out["code T=1"]["auto/plain"] == "1.500" and out["code T=1"]["best_fixed"] == "chain:4"
+    assert out["code T=1"]["auto/best-fixed"] == "0.750"
+    assert out["chat T=1"]["auto/best-fixed(prompt)"] == "0.800"
+    assert out["chat T=1"]["cannot_pay_prompts"] == 1
+    pooled = out["all T=1"]
+    assert pooled["n"] == 2 and pooled["auto/plain_min"] == 1.0
+    assert pooled["best_fixed"] == "chain:6"  # mean 4.25 against chain:4's 3.0
+    assert pooled["auto/best-fixed"].startswith("0.829")  # (3/3.5 + 4/5) / 2

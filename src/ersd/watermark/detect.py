@@ -134,23 +134,16 @@ def token_scores(
     return -np.log1p(-u)
 
 
-def detect(
+def _checked_input(
     token_ids: Sequence[int],
     watermark: Watermark,
-    *,
-    salt: int | None = None,
-    threshold: float = 0.01,
-    vocab_size: int | None = None,
-    min_tokens: int = DEFAULT_MIN_TOKENS,
-    per_token: bool = False,
-) -> Detection:
-    """Score ``token_ids`` (the generated tokens, from the first) for ``watermark``'s key.
-
-    ``salt``: the sample's salt when known (then no correction), else every salt is tried (or the
-    watermark's pinned ``salt``).  ``vocab_size``: the tokenizer's, to refuse ids it cannot have
-    made (a tokenizer mismatch).  Raises :class:`~ersd.errors.WatermarkError` on empty input or
-    fewer than ``min_tokens`` scored positions.
-    """
+    salt: int | None,
+    threshold: float,
+    vocab_size: int | None,
+    min_tokens: int,
+) -> tuple[np.ndarray, np.ndarray, list[int], list[int], list[int]]:
+    """The checks :func:`detect` and :func:`detect_dual` share: (ids, scored windows, their
+    tokens, their positions, the salts to try)."""
     if not isinstance(watermark, Watermark):
         raise WatermarkError(
             f"watermark must be an ersd.Watermark (ersd.load_watermark(FILE)), got "
@@ -176,6 +169,29 @@ def detect(
         salts = [watermark.salt]
     else:
         salts = list(range(watermark.num_salts))
+    return ids, windows, tokens, positions, salts
+
+
+def detect(
+    token_ids: Sequence[int],
+    watermark: Watermark,
+    *,
+    salt: int | None = None,
+    threshold: float = 0.01,
+    vocab_size: int | None = None,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    per_token: bool = False,
+) -> Detection:
+    """Score ``token_ids`` (the generated tokens, from the first) for ``watermark``'s key.
+
+    ``salt``: the sample's salt when known (then no correction), else every salt is tried (or the
+    watermark's pinned ``salt``).  ``vocab_size``: the tokenizer's, to refuse ids it cannot have
+    made (a tokenizer mismatch).  Raises :class:`~ersd.errors.WatermarkError` on empty input or
+    fewer than ``min_tokens`` scored positions.
+    """
+    ids, windows, tokens, positions, salts = _checked_input(
+        token_ids, watermark, salt, threshold, vocab_size, min_tokens
+    )
     all_scores = token_scores(watermark, salts, windows, tokens)
     totals = all_scores.sum(axis=1)
     i = int(np.argmax(totals))  # the largest score has the smallest p-value (same n)
@@ -251,32 +267,11 @@ def detect_dual(
     the derived keys A and B (:meth:`Watermark.derive`); the p-value of the sum is exact
     (:func:`weighted_gamma_p_value`), Šidák-corrected over the salts tried.  ``alpha``: the
     weight of key B, vLLM's default 0.1.  Other arguments as :func:`detect`."""
-    if not isinstance(watermark, Watermark):
-        raise WatermarkError(
-            f"watermark must be an ersd.Watermark (ersd.load_watermark(FILE)), got "
-            f"{type(watermark).__name__}"
-        )
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
         raise WatermarkError(f"alpha (key B's weight) must lie in [0, 1], got {alpha!r}")
-    if not 0 < threshold < 1:
-        raise WatermarkError(f"threshold must lie in (0, 1), got {threshold!r}")
-    if token_ids is None or len(token_ids) == 0:
-        raise WatermarkError("nothing to score: the text has no tokens")
-    ids = _as_ids(token_ids, vocab_size)
-    windows, tokens, _ = scored_windows(ids, watermark.context_width)
-    if len(tokens) < min_tokens:
-        raise WatermarkError(
-            f"the text is too short to score: {len(tokens)} scored token(s) of {len(ids)}, at "
-            f"least {min_tokens} needed; score a longer text or lower min_tokens"
-        )
-    if salt is not None:
-        if not 0 <= int(salt) < watermark.num_salts:
-            raise WatermarkError(f"salt must lie in [0, {watermark.num_salts}), got {salt!r}")
-        salts = [int(salt)]
-    elif watermark.salt is not None:
-        salts = [watermark.salt]
-    else:
-        salts = list(range(watermark.num_salts))
+    ids, windows, tokens, _, salts = _checked_input(
+        token_ids, watermark, salt, threshold, vocab_size, min_tokens
+    )
     sa = token_scores(watermark.derive("key_a"), salts, windows, tokens)
     sb = token_scores(watermark.derive("key_b"), salts, windows, tokens)
     totals = ((1.0 - alpha) * sa + alpha * sb).sum(axis=1)

@@ -140,6 +140,12 @@ def main() -> None:
     ap.add_argument("--compare-verify", action="store_true")
     ap.add_argument("--json", default=None, help="--compare-verify: save the runs to this file")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="cProfile mode: the engine's row threads (1: the rows' work on the profiled thread)",
+    )
     args = ap.parse_args()
     target = ersd.load_model(args.target, dtype="float32")
     draft = ersd.load_model(args.draft, dtype="int8")
@@ -169,7 +175,7 @@ def main() -> None:
         return
     prof = cProfile.Profile()
     prof.enable()
-    r = run(target, draft, ids, args.tokens, args.tree, None)
+    r = run(target, draft, ids, args.tokens, args.tree, args.workers)
     prof.disable()
     print(
         f"B={args.batch} {args.tree}: {r['tokens']} tokens in {r['wall']:.1f}s; target forwards "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import ersd
 from ersd import GenerationInputError, VocabularyMismatchError
@@ -117,6 +118,33 @@ def test_row_map_keeps_order_and_raises() -> None:
 
     with pytest.raises(ValueError, match="row 3"):
         row_map(boom, [1, 2, 3, 4], workers=2)
+
+
+def test_row_workers_run_torch_on_one_thread_each_and_leave_the_rest_alone() -> None:
+    """Each row worker's torch kernels use one thread (its own intra-op team would oversubscribe
+    the cores the workers already fill); the caller's thread count, and the count a thread
+    started later takes on, stay what they were."""
+    import threading
+
+    from ersd.batch import RowPool
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        pool = RowPool(workers=2)
+        try:
+            counts = pool.map(lambda _: torch.get_num_threads(), [0, 1, 2, 3])
+        finally:
+            pool.close()
+        assert counts == [1, 1, 1, 1]
+        assert torch.get_num_threads() == 3
+        later: list[int] = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join(timeout=30)
+        assert later == [3]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_one_target_forward_per_step(pair) -> None:

@@ -15,6 +15,7 @@ Seeds: ``seeds=None`` or an ``int`` ``s`` gives prompt ``i`` the seed :func:`der
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,28 @@ from ersd.watermark.settings import Watermark
 _MASK64 = (1 << 64) - 1
 
 
+def _start_workers(n: int) -> ThreadPoolExecutor:
+    """``n`` row workers whose torch kernels each run on their own thread only.
+
+    The workers already fill the cores; with torch's default, each worker would open its own
+    intra-op team of torch's thread count (OpenMP's thread count is per calling thread), putting
+    ``n x threads`` busy threads on the cores and leaving them spinning into the next forward.
+    ``torch.set_num_threads`` also sets the count threads started later take on, so the calling
+    thread's count is set again once every worker has set its own."""
+    main = torch.get_num_threads()
+    ready = threading.Barrier(n)
+
+    def init() -> None:
+        torch.get_num_threads()  # torch's lazy per-thread set-up first (it would undo the next)
+        torch.set_num_threads(1)
+        ready.wait(timeout=60)
+
+    pool = ThreadPoolExecutor(n, thread_name_prefix="ersd-rows", initializer=init)
+    list(pool.map(lambda _: None, range(n)))  # every worker started (the barrier holds them)
+    torch.set_num_threads(main)
+    return pool
+
+
 class RowPool:
     """Worker threads for the per-row work between a step's forwards, owned by one engine.
 
@@ -76,7 +99,7 @@ class RowPool:
             return list(map(fn, *columns))
         if self._pool is None or self._pool[0] != n:
             self.close()
-            self._pool = (n, ThreadPoolExecutor(n, thread_name_prefix="ersd-rows"))
+            self._pool = (n, _start_workers(n))
         return list(self._pool[1].map(fn, *columns))
 
     def close(self) -> None:
@@ -320,6 +343,8 @@ class BatchEngine:
                 done = row.result()
                 del self._rows[row.id]
                 row.close()
+                if row.settings.chooser is not None:  # tree="auto": keep what it learned
+                    row.settings.chooser.keep_profile()
             out.append((row.id, rec, done))
         self.last_step = StepTimes(
             rows=len(rows),

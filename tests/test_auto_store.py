@@ -285,6 +285,27 @@ def test_exploration_is_budgeted_and_counts_the_drafts_lazy_prefill() -> None:
     assert long_.explore_spent > 4.0 and long_.explore_spent <= EXPLORE_BUDGET * long_.elapsed
 
 
+def test_a_run_that_states_its_length_budgets_on_the_whole_run() -> None:
+    """With a horizon (the request's max_new_tokens) the budget is 2% of the larger of the time
+    so far and the whole run's predicted plain time: a long run can afford its first exploring
+    step (draft prefill included) at the first exploration point, a short one still cannot."""
+    costs = CostModel(
+        sizes=SIZES, target=[0.1] * 4, draft=[0.001, 0.002, 0.004, 0.008], overhead=0.7
+    )
+    m = get_method("ersd")
+    runs = {}
+    for horizon in (None, 40, 4000):
+        c = TreeChooser(AutoTree(costs=costs), None, None, m, m, 1.0, None, horizon=horizon)
+        c.elapsed = 40.0
+        picks = [c.choose([1] * 4000) for _ in range(EXPLORE_AFTER + 1)]
+        assert all(p is None for p in picks[:EXPLORE_AFTER])
+        runs[horizon] = c
+    assert runs[None].explore_spent == 0.0 and runs[40].explore_spent == 0.0
+    long_ = runs[4000]  # 4000 tokens at 1.25 tokens/s: 3200 s, 2% = 64 s > the 4 s prefill
+    assert long_.last is not None and long_.last.explore
+    assert 4.0 < long_.explore_spent <= EXPLORE_BUDGET * 4000 / 1.25
+
+
 def test_a_drafting_step_that_fed_the_drafts_prefill_is_not_learned_from() -> None:
     c = chooser(AutoTree(profile=[[0.95, 0.03]], costs=FLAT))
     shape = c.choose([1] * 50)  # drafts at once: the draft session prefills 50 tokens lazily
@@ -412,3 +433,67 @@ def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
     assert pooled["n"] == 2 and pooled["auto/plain_min"] == 1.0
     assert pooled["best_fixed"] == "chain:6"  # mean 4.25 against chain:4's 3.0
     assert pooled["auto/best-fixed"].startswith("0.829")  # (3/3.5 + 4/5) / 2
+
+
+# --- what a run learned is kept for the next one ------------------------------------------------
+
+#: a flat target and an almost free draft: drafting pays even under the generic prior
+CHEAP = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.001] * 4)
+
+
+def test_a_runs_rank_observations_are_folded_into_the_stored_profile(tmp_path) -> None:
+    """keep_profile merges only what is new since the last call, from KEEP_PROFILE_AFTER
+    drafting steps on, weighting each depth by the observations behind it, and re-reads the
+    file first (another process's write is kept)."""
+    from ersd.auto import KEEP_PROFILE_AFTER
+
+    target, draft = Described("t"), Described("d", seed=1)
+    s = store(tmp_path)
+    s.put_profile(target, draft, "ersd", 1.0, [[0.5, 0.5], [1.0, 0.0]], 20, trials=[10, 10])
+    m = get_method("ersd")
+    c = TreeChooser(AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0, CurveCache(s))
+    for _ in range(KEEP_PROFILE_AFTER - 1):
+        c.observe([1, 2], 1, 2)
+    assert not c.keep_profile()  # too few steps: nothing written
+    c.observe([1, 2], 1, 2)
+    assert c.keep_profile()
+    n = KEEP_PROFILE_AFTER
+    later = store(tmp_path)  # a later process
+    probs, trials = later.profile_entry(target, draft, "ersd", 1.0)
+    assert trials == [10 + n, 10 + n]
+    assert probs[0][:2] == pytest.approx([(5 + n) / (10 + n), 5 / (10 + n)])
+    assert probs[1][:2] == pytest.approx([10 / (10 + n), n / (10 + n)])
+    # another process writes meanwhile; this chooser's next fold keeps that write and adds
+    # only its observations since the last fold
+    later.put_profile(target, draft, "ersd", 1.0, [[1.0], [1.0]], 200, trials=[100, 100])
+    assert not c.keep_profile()
+    for _ in range(KEEP_PROFILE_AFTER):
+        c.observe([2], 0, 1)
+    assert c.keep_profile()
+    probs, trials = store(tmp_path).profile_entry(target, draft, "ersd", 1.0)
+    assert trials == [100 + n, 100]
+    assert probs[0][:2] == pytest.approx([100 / (100 + n), n / (100 + n)])
+    assert probs[1][:1] == pytest.approx([1.0])
+
+
+def test_a_generation_without_a_stored_profile_leaves_one_for_the_next(monkeypatch) -> None:
+    """End to end through ersd.generate (the store of conftest's $ERSD_COST_STORE): the first
+    run starts from the generic prior and keeps its ranks; the next run's chooser starts from
+    them.  A run with a fixed tree keeps nothing."""
+    target, draft = Described("t"), Described("d", seed=0)  # a draft as good as the target
+    default = CostStore.default()
+    assert default.get_profile(target, draft, "ersd", 1.0) is None
+    ersd.generate(target, draft, [1, 2], max_new_tokens=40, tree="chain:3", seed=1)
+    assert CostStore.default().get_profile(target, draft, "ersd", 1.0) is None
+    res = ersd.generate(
+        target, draft, [1, 2], max_new_tokens=200, tree=AutoTree(costs=CHEAP), seed=1
+    )
+    drafted = [s for s in res.steps if s.ranks]
+    assert len(drafted) >= 8
+    probs, trials = CostStore.default().profile_entry(target, draft, "ersd", 1.0)
+    assert trials[0] == len(drafted)
+    first = sum(1 for s in drafted if s.ranks[0] == 1) / len(drafted)
+    assert probs[0][0] == pytest.approx(first)
+    m = get_method("ersd")
+    nxt = TreeChooser(AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0)
+    assert nxt.stored_prior

@@ -80,6 +80,9 @@ EXPLORE_AFTER = 16
 #: lost: the step's time, plus the draft's catch-up, minus the time of the same tokens the chosen
 #: way)
 EXPLORE_BUDGET = 0.02
+#: drafting steps a run observes before its rank observations are kept in the cost store
+#: (:meth:`TreeChooser.keep_profile`)
+KEEP_PROFILE_AFTER = 8
 #: ... and after this many drafting steps in a row, one step without drafting (and once early,
 #: after two drafting steps, if no plain step was ever timed): the target-only side of the
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
@@ -144,6 +147,7 @@ class OnlineProfile:
         self.prior = prior
         self.counts: list[np.ndarray] = []  # counts[d][r - 1], depth d + 1
         self.trials: list[int] = []  # observations at depth d + 1 (any rank)
+        self.steps = 0  # drafting steps observed
 
     def _add(self, depth: int, rank: int | None) -> None:
         while len(self.trials) <= depth:
@@ -155,11 +159,13 @@ class OnlineProfile:
 
     def observe_ranks(self, ranks: list[int]) -> None:
         """Root-down ranks of one step (``StepRecord.ranks``)."""
+        self.steps += 1
         for d, r in enumerate(ranks):
             self._add(d, int(r))
 
     def observe_chain(self, accepted: int, depth: int) -> None:
         """A chain of ``depth`` drafted tokens of which ``accepted`` were accepted."""
+        self.steps += 1
         for d in range(min(accepted + 1, depth)):
             self._add(d, 1 if d < accepted else None)
 
@@ -349,6 +355,7 @@ class TreeChooser:
         rule: Any,
         temperature: float | None,
         curves: CurveCache | None = None,
+        horizon: int | None = None,
     ) -> None:
         from ersd.methods.ersd import ERSD
 
@@ -416,6 +423,16 @@ class TreeChooser:
         self._catchup = 0  # tokens the draft must catch up on in the step just chosen
         self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
         self.explore_spent = 0.0  # predicted seconds lost to exploration steps so far
+        self.temperature = float(temperature or 0.0)
+        #: new tokens per row the run may generate (its ``max_new_tokens``): the exploration
+        #: budget is a share of the run's time, taken as the larger of the time so far and the
+        #: predicted time of the whole run at plain decoding's rate (None: the time so far)
+        self.horizon = horizon
+        self._projected = 0.0  # predicted seconds of the whole run at plain decoding's rate
+        # the online observations already folded into the store (keep_profile)
+        self._kept_counts: list[np.ndarray] = []
+        self._kept_trials: list[int] = []
+        self._kept_steps = 0
 
     def _supported(self, shape: TreeShape) -> bool:
         try:
@@ -501,8 +518,12 @@ class TreeChooser:
 
     def _budget_allows(self, cost: float) -> bool:
         """Whether an exploration step predicted to lose ``cost`` seconds keeps the time lost to
-        exploration within :data:`EXPLORE_BUDGET` of the run's time so far."""
-        return self.explore_spent + max(cost, 0.0) <= EXPLORE_BUDGET * self.elapsed
+        exploration within :data:`EXPLORE_BUDGET` of the run's time: the time so far, or (with
+        a :attr:`horizon`) the predicted time of the whole run at plain decoding's rate, if
+        larger -- so a run that states its length can afford its first exploring step early,
+        while a run of unknown length only spends what it has already run."""
+        run = max(self.elapsed, self._projected)
+        return self.explore_spent + max(cost, 0.0) <= EXPLORE_BUDGET * run
 
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
@@ -520,6 +541,8 @@ class TreeChooser:
         measured = self.curves.measure_seconds - measured
         probs = self.depth_probs()
         plain = self._plain_rate(costs, batch)
+        if self.horizon is not None:  # plain is over the batch: a row's rate is plain / batch
+            self._projected = self.horizon * batch / plain
         best_spec, best_shape, best_rate, best_parts = None, None, -math.inf, (0.0, 0.0)
         ceiling = -math.inf  # the best rate if every drafted token were accepted
         for spec, shape in self.candidates(probs).items():
@@ -618,6 +641,33 @@ class TreeChooser:
             self.timing["spec"].update(target / max(pt, 1e-9), dr, overhead)
         self._learned += 1  # the decision may change
 
+    def keep_profile(self) -> bool:
+        """Fold the rank observations made since the last call into the cost store's profile
+        of this pair (method, temperature), so that the next run -- in this process or another
+        -- starts from them instead of the generic prior (a run without a stored profile may
+        otherwise never afford its first drafting step).  Kept only from
+        :data:`KEEP_PROFILE_AFTER` drafting steps on; returns whether anything was written."""
+        online, store = self.online, self.curves.store
+        if online is None or store is None or self.draft_model is None:
+            return False
+        if online.steps - self._kept_steps < KEEP_PROFILE_AFTER:
+            return False
+        kept_c, kept_n = self._kept_counts, self._kept_trials
+        counts = [c - (kept_c[d] if d < len(kept_c) else 0) for d, c in enumerate(online.counts)]
+        trials = [n - (kept_n[d] if d < len(kept_n) else 0) for d, n in enumerate(online.trials)]
+        store.merge_profile(
+            self.target,
+            self.draft_model,
+            _method_name(self.method),
+            self.temperature,
+            [list(map(float, c)) for c in counts],
+            trials,
+        )
+        self._kept_counts = [c.copy() for c in online.counts]
+        self._kept_trials = list(online.trials)
+        self._kept_steps = online.steps
+        return True
+
     def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
         """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns
         the step's decision as a dict (for :attr:`ersd.StepRecord.choice`)."""
@@ -635,6 +685,7 @@ __all__ = [
     "EXPLORE_AFTER",
     "EXPLORE_BUDGET",
     "EXPLORE_PLAIN_AFTER",
+    "KEEP_PROFILE_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
     "TREE_SIZES",

@@ -240,6 +240,16 @@ class CostStore:
     ) -> list[list[float]] | None:
         """Per-depth rank probabilities stored for the pair, ``method`` and the temperature
         nearest ``temperature`` (within 0.25), or None."""
+        entry = self.profile_entry(target, draft, method, temperature)
+        return entry[0] if entry is not None else None
+
+    def profile_entry(
+        self, target: Any, draft: Any, method: str, temperature: float, *, exact: bool = False
+    ) -> tuple[list[list[float]], list[int]] | None:
+        """``(depth_probs, trials)`` stored for the pair, ``method`` and the temperature
+        nearest ``temperature`` (within 0.25; ``exact``: that temperature only), or None;
+        ``trials[d]``: the observations behind depth ``d`` (an entry without them spreads its
+        ``observations`` evenly over its depths)."""
         tkey, dkey = model_key(target), model_key(draft)
         if tkey is None or dkey is None:
             return None
@@ -247,13 +257,58 @@ class CostStore:
         if not isinstance(by_temp, dict) or not by_temp:
             return None
         nearest = min(by_temp, key=lambda t: abs(float(t) - temperature))
-        if abs(float(nearest) - temperature) > 0.25:
+        if abs(float(nearest) - temperature) > (0.0 if exact else 0.25):
             return None
         entry = by_temp[nearest]
         if not self._fresh(entry):
             return None
         probs = entry.get("depth_probs")
-        return probs if isinstance(probs, list) and probs else None
+        if not isinstance(probs, list) or not probs:
+            return None
+        trials = entry.get("trials")
+        if not (isinstance(trials, list) and len(trials) == len(probs)):
+            trials = [int(entry.get("observations") or 0) // len(probs)] * len(probs)
+        return probs, [int(n) for n in trials]
+
+    def merge_profile(
+        self,
+        target: Any,
+        draft: Any,
+        method: str,
+        temperature: float,
+        counts: list[list[float]],
+        trials: list[int],
+        *,
+        max_weight: int = 4096,
+    ) -> None:
+        """Fold a run's rank observations (per depth: ``counts[d][r - 1]`` of ``trials[d]``
+        observations) into the stored profile at exactly
+        ``temperature``: depth ``d`` becomes ``(w_d · stored_d + counts_d) / (w_d + trials_d)``,
+        ``w_d`` the stored observations of that depth (at most ``max_weight``, so the profile
+        keeps following the pair's recent runs).  The file is read again first, so a run in
+        another process that wrote meanwhile is kept."""
+        self._data = None  # re-read: another process may have written since
+        old = self.profile_entry(target, draft, method, temperature, exact=True)
+        stored, weights = old if old is not None else ([], [])
+        depth_probs: list[list[float]] = []
+        depth_trials: list[int] = []
+        for d in range(max(len(stored), len(counts))):
+            w = min(weights[d], max_weight) if d < len(stored) else 0
+            n = trials[d] if d < len(counts) else 0
+            s = [float(x) for x in stored[d]] if d < len(stored) else []
+            c = [float(x) for x in counts[d]] if n > 0 else []
+            width = max(len(s), len(c))
+            s += [0.0] * (width - len(s))
+            c += [0.0] * (width - len(c))
+            if w + n == 0:  # nothing behind this depth either way: keep what is stored
+                depth_probs.append(s)
+            else:
+                depth_probs.append([(w * a + b) / (w + n) for a, b in zip(s, c, strict=True)])
+            depth_trials.append(w + n)
+        self.put_profile(
+            target, draft, method, temperature, depth_probs, sum(depth_trials),
+            trials=depth_trials,
+        )
 
     def put_profile(
         self,
@@ -263,7 +318,11 @@ class CostStore:
         temperature: float,
         depth_probs: list[list[float]],
         observations: int,
+        *,
+        trials: list[int] | None = None,
     ) -> None:
+        """Keep a pair's per-depth rank probabilities for ``method`` at ``temperature``
+        (``observations`` behind them; ``trials``: per depth, when known)."""
         tkey, dkey = model_key(target), model_key(draft)
         if tkey is None or dkey is None:
             return
@@ -272,6 +331,7 @@ class CostStore:
         entry[repr(float(temperature))] = {
             "depth_probs": [[float(p) for p in row] for row in depth_probs],
             "observations": int(observations),
+            **({"trials": [int(n) for n in trials]} if trials is not None else {}),
             "env": self.env(),
         }
         self._save()

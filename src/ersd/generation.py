@@ -261,6 +261,8 @@ def run(target: LanguageModel, request: Request, settings: Settings) -> Iterator
     seq = start_sequence(target, request, settings)
     while seq.finish_reason is None:
         yield step(settings, seq)
+    if settings.chooser is not None:  # tree="auto": keep the pair's rank profile it learned
+        settings.chooser.keep_profile()
 
 
 def _check_tree_given(drafter: Drafter | None, tree: Any) -> None:

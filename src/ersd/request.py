@@ -277,7 +277,14 @@ class Request:
                 from ersd.auto import TreeChooser
 
                 chooser = TreeChooser(
-                    tree.auto, target, drafter, meth, rule, self.sampling.temperature, curves
+                    tree.auto,
+                    target,
+                    drafter,
+                    meth,
+                    rule,
+                    self.sampling.temperature,
+                    curves,
+                    horizon=self.max_new_tokens,
                 )
             else:
                 shape = tree.shape

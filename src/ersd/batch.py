@@ -15,7 +15,6 @@ Seeds: ``seeds=None`` or an ``int`` ``s`` gives prompt ``i`` the seed :func:`der
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,36 +53,17 @@ from ersd.watermark.settings import Watermark
 _MASK64 = (1 << 64) - 1
 
 
-def _start_workers(n: int) -> ThreadPoolExecutor:
-    """``n`` row workers whose torch kernels each run on their own thread only.
-
-    The workers already fill the cores; with torch's default, each worker would open its own
-    intra-op team of torch's thread count (OpenMP's thread count is per calling thread), putting
-    ``n x threads`` busy threads on the cores and leaving them spinning into the next forward.
-    ``torch.set_num_threads`` also sets the count threads started later take on, so the calling
-    thread's count is set again once every worker has set its own."""
-    main = torch.get_num_threads()
-    ready = threading.Barrier(n)
-
-    def init() -> None:
-        torch.get_num_threads()  # torch's lazy per-thread set-up first (it would undo the next)
-        torch.set_num_threads(1)
-        ready.wait(timeout=60)
-
-    pool = ThreadPoolExecutor(n, thread_name_prefix="ersd-rows", initializer=init)
-    list(pool.map(lambda _: None, range(n)))  # every worker started (the barrier holds them)
-    torch.set_num_threads(main)
-    return pool
-
-
 class RowPool:
     """Worker threads for the per-row work between a step's forwards, owned by one engine.
 
     The per-row work (the race noise -- NumPy's Philox fills run without the GIL -- and the
     probability, race and verification kernels of torch, one thread each for a single
-    distribution) then runs on every core instead of one.  ``workers`` defaults to torch's
-    intra-op thread count; 1 runs serially.  The threads start on first use and end with
-    :meth:`close`.
+    distribution) can then run on every core instead of one.  ``workers``: the number of
+    threads (None, the default: 1, a serial loop).  Threads help only where the per-row kernels
+    outweigh the interpreter's lock: each row's work is many small torch and NumPy calls, and
+    two threads trading the GIL on every call wait on each other (on the 2-core AVX2 VM a batch
+    of 8 chain:4 rows spent 7% of its decode steps outside the forwards serially and 14% side
+    by side, docs/batching.md).  The threads start on first use and end with :meth:`close`.
     """
 
     def __init__(self, workers: int | None = None) -> None:
@@ -94,12 +74,12 @@ class RowPool:
         """``list(map(fn, *columns))``, on the worker threads when there are several rows and
         workers.  ``fn`` must touch only its own row's state: each result is then exactly what
         the serial loop gives."""
-        n = torch.get_num_threads() if self.workers is None else self.workers
+        n = 1 if self.workers is None else self.workers
         if min(len(c) for c in columns) < 2 or n < 2:
             return list(map(fn, *columns))
         if self._pool is None or self._pool[0] != n:
             self.close()
-            self._pool = (n, _start_workers(n))
+            self._pool = (n, ThreadPoolExecutor(n, thread_name_prefix="ersd-rows"))
         return list(self._pool[1].map(fn, *columns))
 
     def close(self) -> None:

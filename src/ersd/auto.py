@@ -364,6 +364,7 @@ class TreeChooser:
         self.target = target
         self.draft_model = draft_model_of(drafter)
         self.ranked = isinstance(rule, ERSD)
+        self.temperature = float(temperature or 0.0)  # the stored profile's key
         costs = auto.costs
         if isinstance(costs, CurveCache):  # measured, into the cache the caller shares
             curves, costs = costs, None
@@ -397,7 +398,7 @@ class TreeChooser:
             store = self.curves.store
             if store is not None and self.draft_model is not None:
                 stored = store.get_profile(
-                    target, self.draft_model, _method_name(method), float(temperature or 0.0)
+                    target, self.draft_model, _method_name(method), self.temperature
                 )
             self.stored_prior = stored is not None
             self.online = OnlineProfile(self.ranked, stored)
@@ -423,7 +424,6 @@ class TreeChooser:
         self._catchup = 0  # tokens the draft must catch up on in the step just chosen
         self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
         self.explore_spent = 0.0  # predicted seconds lost to exploration steps so far
-        self.temperature = float(temperature or 0.0)
         #: new tokens per row the run may generate (its ``max_new_tokens``): the exploration
         #: budget is a share of the run's time, taken as the larger of the time so far and the
         #: predicted time of the whole run at plain decoding's rate (None: the time so far)

@@ -61,9 +61,10 @@ class RowPool:
     distribution) can then run on every core instead of one.  ``workers``: the number of
     threads (None, the default: 1, a serial loop).  Threads help only where the per-row kernels
     outweigh the interpreter's lock: each row's work is many small torch and NumPy calls, and
-    two threads trading the GIL on every call wait on each other (on the 2-core AVX2 VM a batch
+    two threads trading the GIL on every call wait on each other (on one 2-core AVX2 VM a batch
     of 8 chain:4 rows spent 7% of its decode steps outside the forwards serially and 14% side
-    by side, docs/batching.md).  The threads start on first use and end with :meth:`close`.
+    by side; on another, 5.7% and 5.6%: docs/batching.md).  The threads start on first use and
+    end with :meth:`close`.
     """
 
     def __init__(self, workers: int | None = None) -> None:

@@ -306,7 +306,12 @@ class CostStore:
                 depth_probs.append([(w * a + b) / (w + n) for a, b in zip(s, c, strict=True)])
             depth_trials.append(w + n)
         self.put_profile(
-            target, draft, method, temperature, depth_probs, sum(depth_trials),
+            target,
+            draft,
+            method,
+            temperature,
+            depth_probs,
+            sum(depth_trials),
             trials=depth_trials,
         )
 

@@ -88,6 +88,13 @@ KEEP_PROFILE_AFTER = 8
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
 #: conditions than the run would otherwise bias every later decision towards drafting
 EXPLORE_PLAIN_AFTER = 64
+#: a verdict that drafting cannot pay by a clear margin (the best rate with every drafted token
+#: accepted at most ``1 - CANNOT_PAY_MARGIN`` of plain decoding's) is kept for
+#: :data:`CANNOT_PAY_RECHECK` steps at the same batch size instead of being recomputed after
+#: every step's timing correction: on a backend where drafting never pays, the decision itself
+#: is then the only thing auto adds to plain decoding, and it is made once in 32 steps
+CANNOT_PAY_MARGIN = 0.05
+CANNOT_PAY_RECHECK = 32
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -420,6 +427,8 @@ class TreeChooser:
         self._spec_run = 0  # steps in a row with drafting
         self._plain_explored = False  # the early plain step was taken
         self._can_pay = True  # drafting can pay under the best plausible acceptance
+        self._verdict: tuple[int, int] | None = None  # (batch, steps left): "cannot pay" kept
+        self._start: int | None = None  # the context's length at the first step (horizon)
         self._ever_drafted = False  # the draft session has been fed (else it prefills lazily)
         self._catchup = 0  # tokens the draft must catch up on in the step just chosen
         self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
@@ -516,6 +525,22 @@ class TreeChooser:
         """Whether the best rate with every drafted token accepted beats plain decoding."""
         return ceiling > plain
 
+    def _pays_off(
+        self, costs: CostModel, context: list[int], batch: int, plain: float, rate: float
+    ) -> bool:
+        """Whether drafting at ``rate`` (tokens/s over the batch) for the rest of the run beats
+        plain decoding once the draft's catch-up on the tokens it has not seen is paid -- on the
+        first drafting step its whole prompt (lazy prefill): a short run on a long prompt does
+        not start the draft for a small gain.  The rest of the run: the :attr:`horizon` less
+        the tokens generated since the first step, per row."""
+        catchup = self._unseen(context)
+        if catchup <= 1:
+            return True
+        left = max(self.horizon or 0, 1) - (len(context) - (self._start or len(context)))
+        tokens = batch * max(left, 1)
+        cost = self.timing["spec"].draft_ratio * costs.draft_cost(catchup, batch)
+        return cost + tokens / rate < tokens / plain
+
     def _budget_allows(self, cost: float) -> bool:
         """Whether an exploration step predicted to lose ``cost`` seconds keeps the time lost to
         exploration within :data:`EXPLORE_BUDGET` of the run's time: the time so far, or (with
@@ -528,6 +553,16 @@ class TreeChooser:
     def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
         ``batch`` live rows; the decision is kept in :attr:`last`."""
+        if self._start is None:
+            self._start = len(context)
+        verdict = self._verdict
+        if verdict is not None and verdict[0] == batch and verdict[1] > 0:
+            self._verdict = (batch, verdict[1] - 1)  # drafting cannot pay: not re-decided yet
+            self._chosen = (self._chosen[0], None, batch) if self._chosen else None
+            if self.last is not None and (self.last.measure_seconds or self.last.explore):
+                self.last = replace(self.last, measure_seconds=0.0, explore=False)
+            return self._count(None, context)
+        self._verdict = None
         explore = self._plain_run >= EXPLORE_AFTER and self._can_pay
         cached = self._decided  # kept while nothing was learned (unless it is time to explore)
         fresh = cached is not None and cached[0] == (batch, self._learned)
@@ -554,9 +589,13 @@ class TreeChooser:
                 best_parts = (tokens, seconds)
         # drafting cannot pay even if every draft were accepted: never draft, never explore
         self._can_pay = self._drafting_can_pay(ceiling, plain)
-        drafts = best_shape is not None and best_rate > plain and self._can_pay
-        exploring = False
+        if not self._can_pay and ceiling <= (1 - CANNOT_PAY_MARGIN) * plain:
+            self._verdict = (batch, CANNOT_PAY_RECHECK - 1)
         spec_t, plain_t = self.timing["spec"], self.timing["plain"]
+        drafts = best_shape is not None and best_rate > plain and self._can_pay
+        if drafts and self.horizon is not None:
+            drafts = self._pays_off(costs, context, batch, plain, best_rate)
+        exploring = False
         if not drafts and best_shape is not None and self._can_pay and explore:
             # exploration: draft the best tree once, to measure drafting again (profile, step
             # time) -- if the time it is predicted to lose (its step, the draft's catch-up on
@@ -681,6 +720,8 @@ class TreeChooser:
 
 
 __all__ = [
+    "CANNOT_PAY_MARGIN",
+    "CANNOT_PAY_RECHECK",
     "CHAIN_LENGTHS",
     "EXPLORE_AFTER",
     "EXPLORE_BUDGET",

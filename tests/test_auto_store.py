@@ -479,8 +479,17 @@ def test_a_runs_rank_observations_are_folded_into_the_stored_profile(tmp_path) -
 def test_a_generation_without_a_stored_profile_leaves_one_for_the_next(monkeypatch) -> None:
     """End to end through ersd.generate (the store of conftest's $ERSD_COST_STORE): the first
     run starts from the generic prior and keeps its ranks; the next run's chooser starts from
-    them.  A run with a fixed tree keeps nothing."""
+    them.  A run with a fixed tree keeps nothing.  The forwards run on a fake clock charging
+    CHEAP's seconds, so the timing corrections confirm the curve and the run keeps drafting."""
+    import ersd.drafting.model
+    import ersd.generation
+
+    clock = FakeClock()
+    monkeypatch.setattr(ersd.generation, "time", clock)
+    monkeypatch.setattr(ersd.drafting.model, "time", clock)
     target, draft = Described("t"), Described("d", seed=0)  # a draft as good as the target
+    for model, seconds in ((target, CHEAP.target), (draft, CHEAP.draft)):
+        model.fn = clock.model(ersd.FunctionModel(model.fn, V), seconds).fn
     default = CostStore.default()
     assert default.get_profile(target, draft, "ersd", 1.0) is None
     ersd.generate(target, draft, [1, 2], max_new_tokens=40, tree="chain:3", seed=1)
@@ -500,10 +509,11 @@ def test_a_generation_without_a_stored_profile_leaves_one_for_the_next(monkeypat
 
 
 def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatch) -> None:
-    """On STEEP the verdict is clear (the ceiling is far below plain decoding): it is decided
-    once per CANNOT_PAY_RECHECK steps, not after every step's timing correction; a change of
-    batch size re-decides at once.  A verdict near the margin is re-decided every step."""
-    from ersd.auto import CANNOT_PAY_MARGIN, CANNOT_PAY_RECHECK
+    """On STEEP the verdict is clear (the ceiling is far below plain decoding): once a few plain
+    steps are timed it is decided once per CANNOT_PAY_RECHECK steps, not after every step's
+    timing correction; a change of batch size re-decides at once.  A verdict near the margin
+    is re-decided every step."""
+    from ersd.auto import CANNOT_PAY_MARGIN, CANNOT_PAY_RECHECK, CANNOT_PAY_TIMED
 
     calls = {"n": 0}
     real = TreeChooser.candidates
@@ -518,8 +528,11 @@ def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatc
     for _ in range(2 * CANNOT_PAY_RECHECK):
         assert c.choose([1, 2, 3]) is None
         c.observe_times(1, 0.0, plain, plain)  # every step is learned from (timing)
-    assert calls["n"] == 2 and c.last is not None and not c.last.can_pay
-    assert c.choose([1, 2, 3], batch=2) is None and calls["n"] == 3  # another batch size
+    # decided at each of the first steps (until CANNOT_PAY_TIMED plain steps are timed), then
+    # once per CANNOT_PAY_RECHECK steps
+    decided = CANNOT_PAY_TIMED + 2
+    assert calls["n"] == decided and c.last is not None and not c.last.can_pay
+    assert c.choose([1, 2, 3], batch=2) is None and calls["n"] == decided + 1  # another batch
     # a curve whose ceiling is just under plain decoding's rate (within the margin): each step
     # re-decides, as the timing corrections may tip it
     near = CostModel(sizes=SIZES, target=[0.1, 0.2, 0.4, 0.8], draft=[0.005] * 4)

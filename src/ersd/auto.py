@@ -95,6 +95,8 @@ EXPLORE_PLAIN_AFTER = 64
 #: is then the only thing auto adds to plain decoding, and it is made once in 32 steps
 CANNOT_PAY_MARGIN = 0.05
 CANNOT_PAY_RECHECK = 32
+#: ... once this many plain steps of the run have been timed
+CANNOT_PAY_TIMED = 4
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -589,7 +591,11 @@ class TreeChooser:
                 best_parts = (tokens, seconds)
         # drafting cannot pay even if every draft were accepted: never draft, never explore
         self._can_pay = self._drafting_can_pay(ceiling, plain)
-        if not self._can_pay and ceiling <= (1 - CANNOT_PAY_MARGIN) * plain:
+        if (
+            not self._can_pay
+            and ceiling <= (1 - CANNOT_PAY_MARGIN) * plain
+            and self.timing["plain"].steps >= CANNOT_PAY_TIMED
+        ):  # a clear verdict, on plain steps timed in this run (not one step's noise)
             self._verdict = (batch, CANNOT_PAY_RECHECK - 1)
         spec_t, plain_t = self.timing["spec"], self.timing["plain"]
         drafts = best_shape is not None and best_rate > plain and self._can_pay
@@ -722,6 +728,7 @@ class TreeChooser:
 __all__ = [
     "CANNOT_PAY_MARGIN",
     "CANNOT_PAY_RECHECK",
+    "CANNOT_PAY_TIMED",
     "CHAIN_LENGTHS",
     "EXPLORE_AFTER",
     "EXPLORE_BUDGET",

@@ -433,6 +433,12 @@ def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
     assert pooled["n"] == 2 and pooled["auto/plain_min"] == 1.0
     assert pooled["best_fixed"] == "chain:6"  # mean 4.25 against chain:4's 3.0
     assert pooled["auto/best-fixed"].startswith("0.829")  # (3/3.5 + 4/5) / 2
+    # repeats of a prompt (--repeats) are one prompt: its rate is the median of its repeats
+    again = [dict(r, rate=r["rate"] * f) for r in rows[:4] for f in (0.5, 2.0)]
+    out = summarise(rows[:4] + again, ["chain:4", "chain:6"])
+    assert out["code T=1"]["n"] == 1 and out["code T=1"]["auto/plain"] == "1.500"
+    skewed = [*rows[:4], dict(rows[1], rate=9.0), dict(rows[1], rate=8.0)]  # auto: 3, 9, 8
+    assert summarise(skewed, [])["code T=1"]["auto/plain"] == "4.000"
 
 
 # --- what a run learned is kept for the next one ------------------------------------------------

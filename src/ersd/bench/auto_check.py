@@ -13,6 +13,8 @@ means over prompts with Student-t 95% intervals.
         --temperatures 0 1 --per-set 2 --fixed --out llamacpp.json
     python -m ersd.bench.auto_check --backend hf --draft-dtype int8 --tokens 48 \\
         --temperatures 0 1 --per-set 2 --fixed chain:4 chain:6 --out hf.json
+    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 --batch 8 \\
+        --repeats 3 --temperatures 0 1 --per-set 2 --out llamacpp-b8.json
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoded = [encode_prompt(target.tokenizer, p, "auto", 384) for p in prompts]
     curves = CurveCache()
     t0 = time.perf_counter()
-    prepare_costs(target, draft, encoded[0], 1, curves)
+    prepare_costs(target, draft, encoded[0], args.batch, curves)
     setup: dict[str, Any] = {
         "measure_s": time.perf_counter() - t0,
         "measured": curves.measurements,
@@ -72,39 +74,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     eos = target.eos_token_ids or None
     for _, d, tree in configs:  # warm-up: every configuration once, untimed
         ersd.generate(target, d, encoded[0], max_new_tokens=4, tree=tree, temperature=1.0)
+        if args.batch > 1:
+            group = encoded[: args.batch]
+            ersd.generate_batch(target, d, group, max_new_tokens=4, tree=tree, temperature=1.0)
     rows = []
     k = 0
+    if args.batch > 1:
+        rows = run_batches(args, target, configs, encoded, eos)
     for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
+        if args.batch > 1:
+            break
         for temp in args.temperatures:
-            order = configs[k % len(configs) :] + configs[: k % len(configs)]
-            k += 1
-            for name, d, tree in order:
-                res = ersd.generate(
-                    target,
-                    d,
-                    ids,
-                    max_new_tokens=args.tokens,
-                    tree=tree,
-                    temperature=temp,
-                    seed=i,
-                    eos_token_id=eos if args.eos else None,
-                )
-                row = {
-                    "prompt": p.id,
-                    "set": p.set,
-                    "domain": p.domain,
-                    "temperature": temp,
-                    "config": name,
-                    "tokens": len(res.tokens),
-                    "seconds": res.wall_time,
-                    "rate": res.tokens_per_second,
-                    "target_calls": res.target_calls,
-                    "draft_forwards": res.draft_forwards,
-                    "auto_choices": res.auto_choices or None,
-                    "finding_out": res.auto_finding_out,
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            for rep in range(args.repeats):
+                order = configs[k % len(configs) :] + configs[: k % len(configs)]
+                k += 1
+                for name, d, tree in order:
+                    res = ersd.generate(
+                        target,
+                        d,
+                        ids,
+                        max_new_tokens=args.tokens,
+                        tree=tree,
+                        temperature=temp,
+                        seed=i,
+                        eos_token_id=eos if args.eos else None,
+                    )
+                    row = {
+                        "prompt": p.id,
+                        "set": p.set,
+                        "domain": p.domain,
+                        "temperature": temp,
+                        "repeat": rep,
+                        "config": name,
+                        "tokens": len(res.tokens),
+                        "seconds": res.wall_time,
+                        "rate": res.tokens_per_second,
+                        "target_calls": res.target_calls,
+                        "draft_forwards": res.draft_forwards,
+                        "auto_choices": res.auto_choices or None,
+                        "finding_out": res.auto_finding_out,
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     return {
         "args": vars(args),
         "setup": setup,
@@ -113,6 +124,86 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "summary": summarise(rows, list(args.fixed)),
     }
+
+
+def run_batches(
+    args: argparse.Namespace,
+    target: Any,
+    configs: list[tuple[str, Any, Any]],
+    encoded: list[list[int]],
+    eos: Any,
+) -> list[dict[str, Any]]:
+    """``--batch B``: the prompts in batches of B rows (every category in one batch when B
+    covers them), each batch generated whole per configuration, rotated per repeat; a row of
+    the output is one batch's run, its rate the batch's tokens over the call's wall time.  The
+    repeats are the replicates of the summary's interval (machine noise, not prompts)."""
+    import ersd
+
+    rows: list[dict[str, Any]] = []
+    k = 0
+    batches = [encoded[j : j + args.batch] for j in range(0, len(encoded), args.batch)]
+    for j, group in enumerate(batches):
+        for temp in args.temperatures:
+            for rep in range(args.repeats):
+                order = configs[k % len(configs) :] + configs[: k % len(configs)]
+                k += 1
+                for name, d, tree in order:
+                    t0 = time.perf_counter()
+                    out = ersd.generate_batch(
+                        target,
+                        d,
+                        group,
+                        max_new_tokens=args.tokens,
+                        tree=tree,
+                        temperature=temp,
+                        seeds=list(range(len(group))),
+                        eos_token_id=eos if args.eos else None,
+                    )
+                    seconds = time.perf_counter() - t0
+                    tokens = sum(len(r.tokens) for r in out)
+                    shares = [r.auto_finding_out for r in out if r.auto_finding_out]
+                    choices: dict[str, int] = defaultdict(int)
+                    for r in out:
+                        for c, n in (r.auto_choices or {}).items():
+                            choices[c] += n
+                    row = {
+                        "prompt": f"batch{j}/r{rep}",
+                        "set": f"batch{args.batch}",
+                        "domain": "mixed",
+                        "temperature": temp,
+                        "repeat": rep,
+                        "config": name,
+                        "rows": len(group),
+                        "tokens": tokens,
+                        "seconds": seconds,
+                        "rate": tokens / seconds,
+                        "target_calls": max(r.target_calls for r in out),
+                        "draft_forwards": sum(r.draft_forwards for r in out),
+                        "auto_choices": dict(choices) or None,
+                        "finding_out": max(shares, key=lambda f: f.get("share", 0.0))
+                        if shares
+                        else None,
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's repeats on one prompt: the median rate, the mean finding-out share,
+    the mean draft forwards, and 'cannot pay' if any repeat said so."""
+    import statistics
+
+    out = dict(runs[0])
+    out["rate"] = statistics.median(r["rate"] for r in runs)
+    out["draft_forwards"] = sum(r["draft_forwards"] for r in runs) / len(runs)
+    found = [r["finding_out"] for r in runs if r.get("finding_out")]
+    if found:
+        out["finding_out"] = {
+            "share": sum(float(f.get("share", 0.0)) for f in found) / len(found),
+            "can_pay": all(f.get("can_pay", True) for f in found),
+        }
+    return out
 
 
 def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[str]) -> None:
@@ -134,9 +225,12 @@ def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[s
 def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
     from ersd.bench.stats import t_interval
 
-    by: dict[tuple[str, float, str], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in rows:
-        by[(r["set"], r["temperature"], r["prompt"])][r["config"]] = r
+    runs: dict[tuple[str, float, str], dict[str, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for r in rows:  # a prompt's repeats of one configuration: merged (median rate)
+        runs[(r["set"], r["temperature"], r["prompt"])][r["config"]].append(r)
+    by = {key: {c: merged(rs) for c, rs in cfg.items()} for key, cfg in runs.items()}
     cells: dict[tuple[str, float], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (s, temp, _), cfg in by.items():
         for c in (cells[(s, temp)], cells[("all", temp)]):
@@ -177,6 +271,20 @@ def main() -> None:
     ap.add_argument("--fixed", nargs="*", default=[], help="fixed trees to compare (e.g. chain:4)")
     ap.add_argument("--eos", action="store_true", help="stop at EOS (default: full length)")
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each configuration per prompt and temperature (rotated; a prompt's "
+        "rate is the median of its repeats)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="rows per batch (> 1: the prompts run as batches through ersd.generate_batch; "
+        "the interval is then over --repeats, not prompts)",
+    )
+    ap.add_argument(
         "--profile-tokens",
         type=int,
         default=0,
@@ -206,7 +314,7 @@ def main() -> None:
                 for q in rows
                 if (q["prompt"], q["temperature"]) == (r["prompt"], r["temperature"])
             )
-            == 2 + len(args.fixed)
+            == (2 + len(args.fixed)) * args.repeats
         ]
         summary = {"rows": complete, "summary": summarise(complete, list(args.fixed))}
         args.out.write_text(json.dumps(summary, indent=1, default=str) + "\n")

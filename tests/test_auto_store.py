@@ -572,3 +572,21 @@ def test_the_first_drafting_step_pays_for_the_drafts_prefill_over_the_rest_of_th
         assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
     assert picks[20] is None
     assert picks[100_000] is not None and picks[None] is not None
+
+
+def test_auto_check_rotates_the_configurations_per_prompt_temperature_and_repeat() -> None:
+    import argparse
+
+    from ersd.bench.auto_check import rotations
+
+    args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=2)
+    configs = [("plain", None, 1), ("auto", None, 2), ("chain:4", None, 3)]
+    runs = list(rotations(2, args, configs))
+    assert len(runs) == 2 * 2 * 2 * 3
+    firsts = [c[0] for i, t, r, c in runs[::3]]  # the first configuration of each rotation
+    assert firsts == ["plain", "auto", "chain:4", "plain", "auto", "chain:4", "plain", "auto"]
+    assert [(i, t, r) for i, t, r, _ in runs[::3]][:3] == [(0, 0.0, 0), (0, 0.0, 1), (0, 1.0, 0)]
+    assert all(
+        sorted(c[0] for *_, c in runs[j : j + 3]) == ["auto", "chain:4", "plain"]
+        for j in range(0, len(runs), 3)
+    )

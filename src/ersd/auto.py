@@ -560,19 +560,13 @@ class TreeChooser:
         verdict = self._verdict
         if verdict is not None and verdict[0] == batch and verdict[1] > 0:
             self._verdict = (batch, verdict[1] - 1)  # drafting cannot pay: not re-decided yet
-            self._chosen = (self._chosen[0], None, batch) if self._chosen else None
-            if self.last is not None and (self.last.measure_seconds or self.last.explore):
-                self.last = replace(self.last, measure_seconds=0.0, explore=False)
-            return self._count(None, context)
+            return self._repeat(None, context, batch)
         self._verdict = None
         explore = self._plain_run >= EXPLORE_AFTER and self._can_pay
         cached = self._decided  # kept while nothing was learned (unless it is time to explore)
         fresh = cached is not None and cached[0] == (batch, self._learned)
         if cached is not None and fresh and not (explore and cached[1] is None):
-            self._chosen = (self._chosen[0], cached[1], batch) if self._chosen else None
-            if self.last is not None and (self.last.measure_seconds or self.last.explore):
-                self.last = replace(self.last, measure_seconds=0.0, explore=False)
-            return self._count(cached[1], context)
+            return self._repeat(cached[1], context, batch)
         measured = self.curves.measure_seconds
         costs = self.costs_at(context, batch)
         measured = self.curves.measure_seconds - measured
@@ -639,6 +633,14 @@ class TreeChooser:
         chosen = best_shape if drafts else None
         self._decided = None if exploring else ((batch, self._learned), chosen)
         self._chosen = (costs, chosen, batch)
+        return self._count(chosen, context)
+
+    def _repeat(self, chosen: TreeShape | None, context: list[int], batch: int) -> TreeShape | None:
+        """The last decision again (``chosen``), without deciding: nothing measured or explored
+        in this step."""
+        self._chosen = (self._chosen[0], chosen, batch) if self._chosen else None
+        if self.last is not None and (self.last.measure_seconds or self.last.explore):
+            self.last = replace(self.last, measure_seconds=0.0, explore=False)
         return self._count(chosen, context)
 
     def _count(self, chosen: TreeShape | None, context: list[int]) -> TreeShape | None:

@@ -23,6 +23,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,45 +78,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch > 1:
             group = encoded[: args.batch]
             ersd.generate_batch(target, d, group, max_new_tokens=4, tree=tree, temperature=1.0)
-    rows = []
-    k = 0
     if args.batch > 1:
         rows = run_batches(args, target, configs, encoded, eos)
-    for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        if args.batch > 1:
-            break
-        for temp in args.temperatures:
-            for rep in range(args.repeats):
-                order = configs[k % len(configs) :] + configs[: k % len(configs)]
-                k += 1
-                for name, d, tree in order:
-                    res = ersd.generate(
-                        target,
-                        d,
-                        ids,
-                        max_new_tokens=args.tokens,
-                        tree=tree,
-                        temperature=temp,
-                        seed=i,
-                        eos_token_id=eos if args.eos else None,
-                    )
-                    row = {
-                        "prompt": p.id,
-                        "set": p.set,
-                        "domain": p.domain,
-                        "temperature": temp,
-                        "repeat": rep,
-                        "config": name,
-                        "tokens": len(res.tokens),
-                        "seconds": res.wall_time,
-                        "rate": res.tokens_per_second,
-                        "target_calls": res.target_calls,
-                        "draft_forwards": res.draft_forwards,
-                        "auto_choices": res.auto_choices or None,
-                        "finding_out": res.auto_finding_out,
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    else:
+        rows = []
+        for i, temp, rep, (name, d, tree) in rotations(len(prompts), args, configs):
+            p = prompts[i]
+            res = ersd.generate(
+                target,
+                d,
+                encoded[i],
+                max_new_tokens=args.tokens,
+                tree=tree,
+                temperature=temp,
+                seed=i,
+                eos_token_id=eos if args.eos else None,
+            )
+            row = {
+                "prompt": p.id,
+                "set": p.set,
+                "domain": p.domain,
+                "temperature": temp,
+                "repeat": rep,
+                "config": name,
+                "tokens": len(res.tokens),
+                "seconds": res.wall_time,
+                "rate": res.tokens_per_second,
+                "target_calls": res.target_calls,
+                "draft_forwards": res.draft_forwards,
+                "auto_choices": res.auto_choices or None,
+                "finding_out": res.auto_finding_out,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return {
         "args": vars(args),
         "setup": setup,
@@ -124,6 +119,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "summary": summarise(rows, list(args.fixed)),
     }
+
+
+def rotations(
+    units: int, args: argparse.Namespace, configs: list[tuple[str, Any, Any]]
+) -> Iterator[tuple[int, float, int, tuple[str, Any, Any]]]:
+    """(unit, temperature, repeat, configuration) in run order: every configuration once per
+    unit (a prompt, or a batch), temperature and repeat, the order rotated each time so that
+    machine drift hits the configurations alike."""
+    k = 0
+    for i in range(units):
+        for temp in args.temperatures:
+            for rep in range(args.repeats):
+                shift = k % len(configs)
+                k += 1
+                for config in configs[shift:] + configs[:shift]:
+                    yield i, temp, rep, config
 
 
 def run_batches(
@@ -140,52 +151,45 @@ def run_batches(
     import ersd
 
     rows: list[dict[str, Any]] = []
-    k = 0
     batches = [encoded[j : j + args.batch] for j in range(0, len(encoded), args.batch)]
-    for j, group in enumerate(batches):
-        for temp in args.temperatures:
-            for rep in range(args.repeats):
-                order = configs[k % len(configs) :] + configs[: k % len(configs)]
-                k += 1
-                for name, d, tree in order:
-                    t0 = time.perf_counter()
-                    out = ersd.generate_batch(
-                        target,
-                        d,
-                        group,
-                        max_new_tokens=args.tokens,
-                        tree=tree,
-                        temperature=temp,
-                        seeds=list(range(len(group))),
-                        eos_token_id=eos if args.eos else None,
-                    )
-                    seconds = time.perf_counter() - t0
-                    tokens = sum(len(r.tokens) for r in out)
-                    shares = [r.auto_finding_out for r in out if r.auto_finding_out]
-                    choices: dict[str, int] = defaultdict(int)
-                    for r in out:
-                        for c, n in (r.auto_choices or {}).items():
-                            choices[c] += n
-                    row = {
-                        "prompt": f"batch{j}/r{rep}",
-                        "set": f"batch{args.batch}",
-                        "domain": "mixed",
-                        "temperature": temp,
-                        "repeat": rep,
-                        "config": name,
-                        "rows": len(group),
-                        "tokens": tokens,
-                        "seconds": seconds,
-                        "rate": tokens / seconds,
-                        "target_calls": max(r.target_calls for r in out),
-                        "draft_forwards": sum(r.draft_forwards for r in out),
-                        "auto_choices": dict(choices) or None,
-                        "finding_out": max(shares, key=lambda f: f.get("share", 0.0))
-                        if shares
-                        else None,
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    for j, temp, rep, (name, d, tree) in rotations(len(batches), args, configs):
+        group = batches[j]
+        t0 = time.perf_counter()
+        out = ersd.generate_batch(
+            target,
+            d,
+            group,
+            max_new_tokens=args.tokens,
+            tree=tree,
+            temperature=temp,
+            seeds=list(range(len(group))),
+            eos_token_id=eos if args.eos else None,
+        )
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(r.tokens) for r in out)
+        shares = [r.auto_finding_out for r in out if r.auto_finding_out]
+        choices: dict[str, int] = defaultdict(int)
+        for r in out:
+            for c, n in (r.auto_choices or {}).items():
+                choices[c] += n
+        row = {
+            "prompt": f"batch{j}/r{rep}",
+            "set": f"batch{args.batch}",
+            "domain": "mixed",
+            "temperature": temp,
+            "repeat": rep,
+            "config": name,
+            "rows": len(group),
+            "tokens": tokens,
+            "seconds": seconds,
+            "rate": tokens / seconds,
+            "target_calls": max(r.target_calls for r in out),
+            "draft_forwards": sum(r.draft_forwards for r in out),
+            "auto_choices": dict(choices) or None,
+            "finding_out": max(shares, key=lambda f: f.get("share", 0.0)) if shares else None,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 

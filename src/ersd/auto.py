@@ -17,8 +17,8 @@ and drafts the best one (ties go to no drafting, then to the earlier candidate).
   (other methods and T = 0, which then choose among chains only), shrunk towards a prior of
   :data:`PRIOR_WEIGHT` pseudo-observations of :data:`PRIOR_RANK_PROBS`.
 * **cost curves** — an explicit :class:`~ersd.costs.CostModel` (``AutoTree(costs=...)``), a
-  calibration file's costs, or, by default, a few timed forwards of 1, 2, 4 and 8 tokens per row
-  of the target and the draft model, at batch 1 and at the powers of two around the current
+  calibration file's costs, or, by default, a few timed forwards of 1, 2, 4, 8 and 16 tokens per
+  row of the target and the draft model, at batch 1 and at the powers of two around the current
   batch size (:func:`measured_costs`), measured once per model and batch size in fresh sessions
   and kept in a :class:`CurveCache` owned by the caller (a batch engine shares one across its
   rows; ``AutoTree(costs=cache)`` shares one across generations).

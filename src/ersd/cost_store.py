@@ -1,6 +1,6 @@
 """Forward-cost curves and rank profiles measured once per machine, kept in the model cache.
 
-``tree="auto"`` needs each model's forward seconds for 1, 2, 4 and 8 new tokens per row (per
+``tree="auto"`` needs each model's forward seconds for 1, 2, 4, 8 and 16 new tokens per row (per
 batch size).  Measuring them costs a few seconds of every process that uses ``auto``; a
 :class:`CostStore` keeps them in ``$ERSD_CACHE/calibration/costs.json`` (the model cache root,
 :func:`ersd.models.bundled.store.cache_root`; ``$ERSD_COST_STORE`` names another directory, or

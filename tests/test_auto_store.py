@@ -348,6 +348,13 @@ def test_models_calibrate_writes_what_auto_then_reads(tmp_path, monkeypatch) -> 
     payload = json.loads(out.output.strip().splitlines()[-1])
     assert set(payload["curves"]) == {"target", "draft"} and payload["profiles"]["1.0"]
     target, draft = ersd.load_model("tiny-qwen2"), ersd.load_model("tiny-qwen2-draft")
+    # the observations behind each depth are kept: the root's are every step's, a deeper
+    # depth's only those of the steps that reached it (the prior weights depths by them)
+    entry = CostStore.default().profile_entry(target, draft, "ersd", 1.0)
+    assert entry is not None
+    trials = entry[1]
+    assert sum(trials) == payload["profiles"]["1.0"]["observations"]
+    assert trials == sorted(trials, reverse=True) and trials[0] > 0
     cache = CurveCache()
     res = ersd.generate(target, draft, [1, 2, 3], max_new_tokens=8, tree=AutoTree(costs=cache))
     assert cache.measurements == 0 and cache.store is not None and cache.store.hits == 2

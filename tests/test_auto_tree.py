@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import ersd
-from ersd.auto import CurveCache, OnlineProfile, TreeChooser
+from ersd.auto import SMALLER_TREE_WITHIN, CurveCache, OnlineProfile, TreeChooser
 from ersd.batch import derive_seed
 from ersd.cli import main
 from ersd.costs import CostModel, CostModelError, measure_costs, predict
@@ -273,14 +273,47 @@ def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
     sizes = [nodes(c.choose([1], batch=b)) for b in (1, 2, 4, 8, 16, 64)]
     assert sizes == sorted(sizes, reverse=True), sizes
     assert sizes[0] > sizes[-1]
-    # the choice is the best candidate at every batch size
+    # the choice is the smallest candidate within SMALLER_TREE_WITHIN of the best, at every
+    # batch size
     for b in (1, 8):
         c.choose([1], batch=b)
         assert c.last is not None
-        rates = [predict(s, PROFILE, LINEAR, batch=b) for s in c.candidates(PROFILE).values()]
-        assert c.last.predicted == pytest.approx(
-            max([c.last.target_only] + [p.tokens_per_second for p in rates])
-        )
+        rates = {
+            s.num_nodes: max(
+                predict(t, PROFILE, LINEAR, batch=b).tokens_per_second
+                for t in c.candidates(PROFILE).values()
+                if t.num_nodes == s.num_nodes
+            )
+            for s in c.candidates(PROFILE).values()
+        }
+        top = max(rates.values())
+        near = [n for n, r in rates.items() if r >= (1 - SMALLER_TREE_WITHIN) * top]
+        assert c.last.predicted >= (1 - SMALLER_TREE_WITHIN) * top - 1e-9
+        assert nodes(c.choose([1], batch=b)) == min(near)
+
+
+def test_the_smallest_tree_near_the_best_predicted_rate_is_drafted(monkeypatch) -> None:
+    """Near its top the predicted rate is flat in the tree's size: of the trees within
+    SMALLER_TREE_WITHIN of the best, the smallest is drafted -- and only a tree that beats no
+    drafting."""
+    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
+    rates = {
+        spec: predict(s, PROFILE, LINEAR).tokens_per_second
+        for spec, s in c.candidates(PROFILE).items()
+    }
+    best = max(rates, key=rates.__getitem__)
+    hedged = nodes(c.choose([1, 2]))
+    assert c.last is not None and c.last.tree != best  # chain:6 best, chain:4 within 3%
+    assert hedged < c.candidates(PROFILE)[best].num_nodes
+    assert c.last.predicted >= (1 - SMALLER_TREE_WITHIN) * rates[best]
+    monkeypatch.setattr("ersd.auto.SMALLER_TREE_WITHIN", 0.0)  # off: the best tree itself
+    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
+    c.choose([1, 2])
+    assert c.last is not None and c.last.tree == best
+    # every tree within 3% of the best but below plain decoding's rate: no drafting, as before
+    monkeypatch.setattr("ersd.auto.SMALLER_TREE_WITHIN", 0.03)
+    c = chooser(AutoTree(profile=PROFILE, costs=STEEP))
+    assert c.choose([1, 2]) is None and c.last is not None and c.last.tree == "none"
 
 
 def test_fast_paths_equal_the_theory_library() -> None:
@@ -312,6 +345,33 @@ def test_online_profile_learns_from_ranks_and_chain_outcomes() -> None:
     p = chain.depth_probs()
     assert p[0][0] > 0.95 and p[1][0] < 0.1 and p[0][1:].sum() == 0
     assert len(p) == 3  # depth 3 was never reached: the pooled estimate (last entry) applies
+
+
+def test_a_stored_profile_is_a_prior_weighted_by_the_observations_behind_each_depth() -> None:
+    """A deep depth reached in a few easy stretches (all accepted) must not pull the prior up as
+    much as the root, observed at every step."""
+    stored = [[0.5, 0.2], [1.0, 0.0]]
+    weighted = OnlineProfile(ranked=True, prior_probs=stored, prior_trials=[90, 10])
+    assert weighted.prior[0] == pytest.approx(0.5 * 0.9 + 1.0 * 0.1)
+    assert weighted.prior[1] == pytest.approx(0.2 * 0.9)
+    unknown = OnlineProfile(ranked=True, prior_probs=stored)  # no trials stored: equal weights
+    assert unknown.prior[0] == pytest.approx(0.75)
+    chain = OnlineProfile(ranked=False, prior_probs=stored, prior_trials=[90, 10])
+    assert chain.prior[0] == pytest.approx(0.55) and chain.prior[1:].sum() == 0
+
+
+def test_a_depth_is_shrunk_towards_the_other_depths_not_its_own_observations() -> None:
+    """One root rejection moves the root's estimate as far as the prior's weight says (4
+    pseudo-observations: 0.85 -> 0.68), not almost twice as far (0.54, pooling it twice)."""
+    p = OnlineProfile(ranked=True, prior_probs=[[0.85, 0.08, 0.03]], prior_trials=[200])
+    p.observe_ranks([3])
+    root, below = p.depth_probs()
+    assert root[0] == pytest.approx(4 * 0.85 / 5) and root[2] == pytest.approx((1 + 4 * 0.03) / 5)
+    assert below[0] == pytest.approx(4 * 0.85 / 5)  # below the deepest depth: every observation
+    p.observe_ranks([1, 1])  # depth 2's estimate leans on the root's observations, not its own
+    root, second, _ = p.depth_probs()
+    assert second[0] == pytest.approx((1 + 4 * (1 + 4 * 0.85) / 6) / 5)
+    assert root[0] == pytest.approx((1 + 4 * (1 + 4 * 0.85) / 5) / 6)
 
 
 def test_non_ersd_methods_choose_among_chains_only() -> None:

@@ -8,7 +8,8 @@ few sizes under the current rank profile — the throughput over the batch of ``
     rate(tree, B) = B · E[tokens per call | tree, profile] / step_time(tree, B)
     rate(none, B) = B / (target(B, 1) + overhead_plain · B)
 
-and drafts the best one (ties go to no drafting, then to the earlier candidate).  The two inputs:
+and drafts the best one (ties go to no drafting), or rather the smallest tree whose predicted
+rate is within :data:`SMALLER_TREE_WITHIN` of the best (and above no drafting's).  The two inputs:
 
 * **rank profile** — a calibration or rank-profile file (``auto@FILE``, the file of
   ``ersd bench calibrate``; the profile nearest the sampling temperature), or an online estimate
@@ -97,6 +98,13 @@ CANNOT_PAY_MARGIN = 0.05
 CANNOT_PAY_RECHECK = 32
 #: ... once this many plain steps of the run have been timed
 CANNOT_PAY_TIMED = 4
+#: among the drafting candidates whose predicted rate is within this share of the best one's,
+#: the one with the fewest nodes is drafted: near its top the predicted rate is flat in the
+#: tree's size (chain:4, 6 and 8 within a few percent), closer than the prediction's error,
+#: and the error is not symmetric -- a larger tree's cost is measured, its extra tokens rest on
+#: the acceptance of deep positions, observed least often -- so the smaller tree loses at most
+#: this share where the prediction is right and saves the larger tree's cost where it is not
+SMALLER_TREE_WITHIN = 0.03
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -137,20 +145,28 @@ class OnlineProfile:
 
     ``ranked``: the observations are full ranks (ERSD at T > 0, ``StepRecord.ranks``); otherwise
     accepted (rank 1) or rejected (rank unknown, > 1) chain positions.  :meth:`depth_probs` gives
-    depth ``d``'s estimate ``(counts_d + W · pooled) / (n_d + W)`` with
-    ``pooled = (Σ counts + W · prior) / (Σ n + W)`` (``W`` = :data:`PRIOR_WEIGHT`), pooled again
-    below the deepest observed depth.
+    depth ``d``'s estimate ``(counts_d + W · pool_d) / (n_d + W)`` with
+    ``pool_d = (Σ_{e ≠ d} counts_e + W · prior) / (Σ_{e ≠ d} n_e + W)`` (``W`` =
+    :data:`PRIOR_WEIGHT`), and ``(Σ counts + W · prior) / (Σ n + W)`` below the deepest observed
+    depth.
     """
 
-    def __init__(self, ranked: bool, prior_probs: Any = None) -> None:
+    def __init__(
+        self, ranked: bool, prior_probs: Any = None, prior_trials: list[int] | None = None
+    ) -> None:
         self.ranked = ranked
         prior = np.zeros(MAX_RANK)
         if prior_probs is None:
             prior[: len(PRIOR_RANK_PROBS)] = PRIOR_RANK_PROBS
-        else:  # a stored profile of this pair (per-depth vectors: their mean)
+        else:  # a stored profile of this pair: its per-depth vectors' mean, weighted by the
+            # observations behind each depth (``prior_trials``; equal weights if not known) --
+            # a deep depth reached in a few easy stretches must not count as much as the root
             rows = [np.asarray(r, dtype=np.float64)[:MAX_RANK] for r in prior_probs]
-            for r in rows:
-                prior[: r.size] += r / len(rows)
+            weights = [float(n) for n in prior_trials or []]
+            if len(weights) != len(rows) or sum(weights) <= 0:
+                weights = [1.0] * len(rows)
+            for r, w in zip(rows, weights, strict=True):
+                prior[: r.size] += r * w / sum(weights)
         if not ranked:
             prior[1:] = 0.0
         self.prior = prior
@@ -179,12 +195,19 @@ class OnlineProfile:
             self._add(d, 1 if d < accepted else None)
 
     def depth_probs(self) -> list[np.ndarray]:
+        """Per-depth rank probabilities; the last entry (all observations pooled) applies below
+        the deepest observed depth.  Depth ``d`` is shrunk towards the pool of the *other*
+        depths' observations and the prior: pooling its own too would count each observation
+        twice (one early root rejection moved the root's estimate almost twice as far as the
+        prior's weight says, and a step that then drafts nothing observes nothing more)."""
         w = PRIOR_WEIGHT
         total = sum(self.counts, np.zeros(MAX_RANK))
-        pooled = (total + w * self.prior) / (sum(self.trials) + w)
-        return [
-            (c + w * pooled) / (n + w) for c, n in zip(self.counts, self.trials, strict=True)
-        ] + [pooled]
+        n_all = sum(self.trials)
+        out = [
+            (c + w * (total - c + w * self.prior) / (n_all - n + w)) / (n + w)
+            for c, n in zip(self.counts, self.trials, strict=True)
+        ]
+        return [*out, (total + w * self.prior) / (n_all + w)]
 
 
 @dataclass
@@ -406,11 +429,11 @@ class TreeChooser:
             stored = None
             store = self.curves.store
             if store is not None and self.draft_model is not None:
-                stored = store.get_profile(
+                stored = store.profile_entry(
                     target, self.draft_model, _method_name(method), self.temperature
                 )
             self.stored_prior = stored is not None
-            self.online = OnlineProfile(self.ranked, stored)
+            self.online = OnlineProfile(self.ranked, *(stored or (None, None)))
         self.chains: dict[str, TreeShape] = {}
         for k in CHAIN_LENGTHS:
             chain = TreeShape.chain(k)
@@ -576,13 +599,13 @@ class TreeChooser:
             self._projected = self.horizon * batch / plain
         best_spec, best_shape, best_rate, best_parts = None, None, -math.inf, (0.0, 0.0)
         ceiling = -math.inf  # the best rate if every drafted token were accepted
-        for spec, shape in self.candidates(probs).items():
-            tokens = batch * expected_tokens(shape, probs)
-            seconds = self._step_time(costs, shape, batch)
-            ceiling = max(ceiling, batch * (1 + shape.depth) / seconds)
-            if tokens / seconds > best_rate:
-                best_spec, best_shape, best_rate = spec, shape, tokens / seconds
-                best_parts = (tokens, seconds)
+        candidates = self.candidates(probs)
+        for shape in candidates.values():
+            ceiling = max(ceiling, batch * (1 + shape.depth) / self._step_time(costs, shape, batch))
+        best = self._best(costs, batch, probs, candidates, plain)
+        if best is not None:
+            best_spec, best_shape = best[0], best[1]
+            best_rate, best_parts = best[2] / best[3], (best[2], best[3])
         # drafting cannot pay even if every draft were accepted: never draft, never explore
         self._can_pay = self._drafting_can_pay(ceiling, plain)
         if (
@@ -634,6 +657,34 @@ class TreeChooser:
         self._decided = None if exploring else ((batch, self._learned), chosen)
         self._chosen = (costs, chosen, batch)
         return self._count(chosen, context)
+
+    def _best(
+        self,
+        costs: CostModel,
+        batch: int,
+        probs: list[Any],
+        candidates: dict[str, TreeShape],
+        plain: float = math.inf,
+    ) -> tuple[str, TreeShape, float, float] | None:
+        """The candidate to draft under ``probs``: ``(spec, shape, tokens over the batch,
+        seconds)`` of the smallest tree whose predicted rate is within
+        :data:`SMALLER_TREE_WITHIN` of the best one's (and above ``plain``, if the best is)."""
+        predicted = [
+            (
+                spec,
+                shape,
+                batch * expected_tokens(shape, probs),
+                self._step_time(costs, shape, batch),
+            )
+            for spec, shape in candidates.items()
+        ]
+        if not predicted:
+            return None
+        top = max(t / s for _, _, t, s in predicted)
+        floor = (1 - SMALLER_TREE_WITHIN) * top
+        floor = max(floor, plain) if top > plain else top
+        near = [p for p in predicted if p[2] / p[3] >= floor]
+        return min(near, key=lambda p: (p[1].num_nodes, -p[2] / p[3]))
 
     def _repeat(self, chosen: TreeShape | None, context: list[int], batch: int) -> TreeShape | None:
         """The last decision again (``chosen``), without deciding: nothing measured or explored
@@ -738,6 +789,7 @@ __all__ = [
     "KEEP_PROFILE_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
+    "SMALLER_TREE_WITHIN",
     "TREE_SIZES",
     "Choice",
     "CurveCache",

@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t1 = time.perf_counter()
         calib = _calibration_prompts(target, 1)
         for temp in args.temperatures:
-            probs, n = _rank_profile(target, draft, calib, temp, args.profile_tokens)
-            curves.store.put_profile(target, draft, "ersd", temp, probs, n)
+            probs, trials = _rank_profile(target, draft, calib, temp, args.profile_tokens)
+            curves.store.put_profile(target, draft, "ersd", temp, probs, sum(trials), trials=trials)
             setup[f"profile_T={temp:g}"] = [round(row[0], 3) for row in probs]
         setup["profile_s"] = time.perf_counter() - t1
     auto = AutoTree(costs=curves)

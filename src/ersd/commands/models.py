@@ -227,9 +227,9 @@ def calibrate_cmd(
         profiles: dict[float, dict[str, Any]] = {}
         if draft is not None and temps:
             for t in temps:
-                probs, n = _rank_profile(pair.target, pair.draft, prompts, t, tokens)
-                store.put_profile(pair.target, draft, "ersd", t, probs, n)
-                profiles[t] = {"depth_probs": probs, "observations": n}
+                probs, trials = _rank_profile(pair.target, pair.draft, prompts, t, tokens)
+                store.put_profile(pair.target, draft, "ersd", t, probs, sum(trials), trials=trials)
+                profiles[t] = {"depth_probs": probs, "observations": sum(trials)}
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -265,9 +265,11 @@ def _calibration_prompts(target: Any, count: int) -> list[list[int]]:
 
 def _rank_profile(
     target: Any, draft: Any, prompts: list[list[int]], temperature: float, tokens: int
-) -> tuple[list[list[float]], int]:
+) -> tuple[list[list[float]], list[int]]:
     """Per-depth rank probabilities of ERSD with a chain:4 drafter on ``prompts``: the target
-    winner's rank in the draft's race (T > 0), or whether each chain position was accepted."""
+    winner's rank in the draft's race (T > 0), or whether each chain position was accepted; and
+    the observations behind each depth (the root's are every step's, a deep depth's only those
+    of steps that got that far)."""
     import ersd
     from ersd.auto import MAX_RANK
 
@@ -300,9 +302,9 @@ def _rank_profile(
                 for d in range(min(s.num_accepted + 1, s.tree_depth)):
                     add(d, 1 if d < s.num_accepted else None)
     if not trials:
-        return [[0.0] * MAX_RANK], 0
+        return [[0.0] * MAX_RANK], [0]
     probs = [[c / n for c in row] for row, n in zip(counts, trials, strict=True)]
-    return probs, sum(trials)
+    return probs, trials
 
 
 __all__ = ["models"]

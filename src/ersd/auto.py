@@ -210,6 +210,21 @@ class OnlineProfile:
         return [*out, (total + w * self.prior) / (n_all + w)]
 
 
+def _smallest_near_best(
+    predicted: list[tuple[str, TreeShape, float, float]], plain: float
+) -> tuple[str, TreeShape, float, float] | None:
+    """Of ``(spec, shape, tokens, seconds)`` candidates, the one to draft: the smallest tree
+    whose predicted rate is within :data:`SMALLER_TREE_WITHIN` of the best one's (and above
+    ``plain``, if the best is); None without candidates."""
+    if not predicted:
+        return None
+    top = max(t / s for _, _, t, s in predicted)
+    floor = (1 - SMALLER_TREE_WITHIN) * top
+    floor = max(floor, plain) if top > plain else top
+    near = [p for p in predicted if p[2] / p[3] >= floor]
+    return min(near, key=lambda p: (p[1].num_nodes, -p[2] / p[3]))
+
+
 @dataclass
 class Choice:
     """One step's decision: the tree drafted (``"none"``: no drafting) and the predictions."""
@@ -598,11 +613,19 @@ class TreeChooser:
         if self.horizon is not None:  # plain is over the batch: a row's rate is plain / batch
             self._projected = self.horizon * batch / plain
         best_spec, best_shape, best_rate, best_parts = None, None, -math.inf, (0.0, 0.0)
-        ceiling = -math.inf  # the best rate if every drafted token were accepted
-        candidates = self.candidates(probs)
-        for shape in candidates.values():
-            ceiling = max(ceiling, batch * (1 + shape.depth) / self._step_time(costs, shape, batch))
-        best = self._best(costs, batch, probs, candidates, plain)
+        predicted = [  # (spec, shape, tokens over the batch, seconds) per candidate
+            (
+                spec,
+                shape,
+                batch * expected_tokens(shape, probs),
+                self._step_time(costs, shape, batch),
+            )
+            for spec, shape in self.candidates(probs).items()
+        ]
+        ceiling = max(  # the best rate if every drafted token were accepted
+            (batch * (1 + shape.depth) / sec for _, shape, _, sec in predicted), default=-math.inf
+        )
+        best = _smallest_near_best(predicted, plain)
         if best is not None:
             best_spec, best_shape = best[0], best[1]
             best_rate, best_parts = best[2] / best[3], (best[2], best[3])
@@ -657,34 +680,6 @@ class TreeChooser:
         self._decided = None if exploring else ((batch, self._learned), chosen)
         self._chosen = (costs, chosen, batch)
         return self._count(chosen, context)
-
-    def _best(
-        self,
-        costs: CostModel,
-        batch: int,
-        probs: list[Any],
-        candidates: dict[str, TreeShape],
-        plain: float = math.inf,
-    ) -> tuple[str, TreeShape, float, float] | None:
-        """The candidate to draft under ``probs``: ``(spec, shape, tokens over the batch,
-        seconds)`` of the smallest tree whose predicted rate is within
-        :data:`SMALLER_TREE_WITHIN` of the best one's (and above ``plain``, if the best is)."""
-        predicted = [
-            (
-                spec,
-                shape,
-                batch * expected_tokens(shape, probs),
-                self._step_time(costs, shape, batch),
-            )
-            for spec, shape in candidates.items()
-        ]
-        if not predicted:
-            return None
-        top = max(t / s for _, _, t, s in predicted)
-        floor = (1 - SMALLER_TREE_WITHIN) * top
-        floor = max(floor, plain) if top > plain else top
-        near = [p for p in predicted if p[2] / p[3] >= floor]
-        return min(near, key=lambda p: (p[1].num_nodes, -p[2] / p[3]))
 
     def _repeat(self, chosen: TreeShape | None, context: list[int], batch: int) -> TreeShape | None:
         """The last decision again (``chosen``), without deciding: nothing measured or explored

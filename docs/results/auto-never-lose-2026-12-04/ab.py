@@ -1,5 +1,12 @@
-"""A/B: auto before (largest-rate tree, unweighted stored prior) vs after (smallest tree within
-3% of the best; trial-weighted prior), on the same pristine calibrated store per run."""
+"""A/B runs of auto variants against plain decoding and fixed chains, each auto run from a copy of
+one pristine calibrated store (so runs do not feed each other's profile).
+
+    python ab.py PROMPTS OUT.json CONFIGS     # CONFIGS: comma-separated, from
+        old       the largest-rate tree, the stored prior's plain depth mean
+        new       the smallest tree within 3%, the trial-weighted prior
+        z=X       OPTIMISM_Z = X (only on the working tree of ab2.log; never committed)
+        plain     target-only decoding;  chain:K   a fixed chain
+"""
 import json, os, shutil, sys, tempfile, time
 import ersd, ersd.auto as A
 from ersd.auto import CurveCache, prepare_costs, OnlineProfile
@@ -25,24 +32,28 @@ orig_init = OnlineProfile.__init__
 def old_init(self, ranked, prior_probs=None, prior_trials=None):
     orig_init(self, ranked, prior_probs, None)
 def variant(name):
+    if name.startswith("z="):
+        A.OPTIMISM_Z = float(name[2:]); return
     if name == "old":
         A.SMALLER_TREE_WITHIN = 0.0; OnlineProfile.__init__ = old_init
     else:
         A.SMALLER_TREE_WITHIN = 0.03; OnlineProfile.__init__ = orig_init
-configs = ["old", "new", "chain:4", "chain:6"]
+SEEDS = {"ersd-math/0": 0, "ersd-math/1": 1, "grounded/edit-typehints": 2, "HumanEval/0": 3, "grounded/edit-rename": 4, "mt_bench/85": 5, "mt_bench/81": 6}
+configs = sys.argv[3].split(",")
 for name in configs:  # warm-up
-    ersd.generate(target, draft, enc[ids[0]], max_new_tokens=4, tree=name if ":" in name else "chain:2", temperature=1.0)
+    ersd.generate(target, draft, enc[ids[0]], max_new_tokens=4, tree=name if name.startswith("chain") else "chain:2", temperature=1.0) if name != "plain" else None
 out = []
 for k, i in enumerate(ids):
-    order = configs[k % 4:] + configs[:k % 4]
+    order = configs[k % len(configs):] + configs[:k % len(configs)]
     for name in order:
-        if ":" in name:
-            tree = name
+        dr = None if name == "plain" else draft
+        if name.startswith("chain") or name == "plain":
+            tree = "chain:1" if name == "plain" else name
         else:
             variant(name)
             d = tempfile.mkdtemp(prefix="ab-run-"); shutil.copy(os.path.join(pristine, "costs.json"), d)
             tree = AutoTree(costs=CurveCache(CostStore(d)))
-        r = ersd.generate(target, draft, enc[i], max_new_tokens=96, tree=tree, temperature=1.0, seed=k)
+        r = ersd.generate(target, dr, enc[i], max_new_tokens=96, tree=tree, temperature=1.0, seed=SEEDS.get(i, k))
         row = dict(prompt=i, config=name, rate=len(r.tokens) / r.wall_time, calls=r.target_calls,
                    draft_forwards=r.draft_forwards, choices=r.auto_choices or None)
         print(json.dumps(row), flush=True); out.append(row)

@@ -608,26 +608,3 @@ def test_auto_mutant_is_rejected() -> None:
 
     res, _ = auto_law_test(SDNoResidual(), "T1.0", "mild")
     assert res.pvalue < ALPHA, f"mutant not rejected through tree='auto': {res}"
-
-
-def test_in_a_batch_drafting_must_beat_plain_decoding_by_the_margin(monkeypatch) -> None:
-    """In a batch a drafting step is taken only if its predicted rate beats plain decoding's by
-    BATCH_DRAFT_MARGIN (the batch prediction's error, the tail of unevenly finished rows, the
-    draft's prefill on every row); a single sequence needs only to beat it."""
-    import ersd.auto as auto_mod
-
-    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
-    monkeypatch.setattr(auto_mod, "BATCH_DRAFT_MARGIN", 0.0)
-    assert c.choose([1], batch=2) is not None
-    assert c.last is not None and c.last.best_tree_predicted is not None
-    gain = c.last.best_tree_predicted / c.last.target_only - 1
-    assert gain > 0.01, gain  # a predicted gain the margins below can sit on either side of
-    for margin, drafts in ((gain * 0.9, True), (gain * 1.1, False)):
-        monkeypatch.setattr(auto_mod, "BATCH_DRAFT_MARGIN", margin)
-        c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
-        assert (c.choose([1], batch=2) is not None) is drafts, (margin, gain)
-        if not drafts:
-            assert c.last is not None and c.last.tree == "none"
-    # a single sequence ignores the batch margin, however large
-    monkeypatch.setattr(auto_mod, "BATCH_DRAFT_MARGIN", 10.0)
-    assert chooser(AutoTree(profile=PROFILE, costs=LINEAR)).choose([1], batch=1) is not None

@@ -9,8 +9,7 @@ few sizes under the current rank profile — the throughput over the batch of ``
     rate(none, B) = B / (target(B, 1) + overhead_plain · B)
 
 and drafts the best one (ties go to no drafting), or rather the smallest tree whose predicted
-rate is within :data:`SMALLER_TREE_WITHIN` of the best (and above no drafting's; in a batch,
-above it by :data:`BATCH_DRAFT_MARGIN`).  The two inputs:
+rate is within :data:`SMALLER_TREE_WITHIN` of the best (and above no drafting's).  The two inputs:
 
 * **rank profile** — a calibration or rank-profile file (``auto@FILE``, the file of
   ``ersd bench calibrate``; the profile nearest the sampling temperature), or an online estimate
@@ -106,14 +105,6 @@ CANNOT_PAY_TIMED = 4
 #: the acceptance of deep positions, observed least often -- so the smaller tree loses at most
 #: this share where the prediction is right and saves the larger tree's cost where it is not
 SMALLER_TREE_WITHIN = 0.03
-#: in a batch (more than one live row), drafting is chosen only if its predicted rate beats
-#: plain decoding's by this share: the batch prediction's error is of that size (measured ÷
-#: predicted 0.94 [0.87, 1.01] at B = 4, 0.98 [0.89, 1.07] at B = 8 on the Qwen pair), and a
-#: batch that drafts pays what the per-step rate does not count -- rows accept at different
-#: rates, so the batch finishes with a tail of ever fewer live rows per forward, and its first
-#: drafting step prefills the draft on every row.  On PyTorch bf16 at B = 8 (2-core Intel AMX)
-#: auto took predicted gains of 2-7% and ran 0.88-0.91x plain decoding without it.
-BATCH_DRAFT_MARGIN = 0.10
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -224,7 +215,7 @@ def _smallest_near_best(
 ) -> tuple[str, TreeShape, float, float] | None:
     """Of ``(spec, shape, tokens, seconds)`` candidates, the one to draft: the smallest tree
     whose predicted rate is within :data:`SMALLER_TREE_WITHIN` of the best one's (and above
-    ``plain`` -- the rate drafting must beat -- if the best is); None without candidates."""
+    ``plain``, if the best is); None without candidates."""
     if not predicted:
         return None
     top = max(t / s for _, _, t, s in predicted)
@@ -634,9 +625,7 @@ class TreeChooser:
         ceiling = max(  # the best rate if every drafted token were accepted
             (batch * (1 + shape.depth) / sec for _, shape, _, sec in predicted), default=-math.inf
         )
-        # the rate drafting must beat: plain decoding's, by a margin in a batch
-        bar = plain * (1 + BATCH_DRAFT_MARGIN) if batch > 1 else plain
-        best = _smallest_near_best(predicted, bar)
+        best = _smallest_near_best(predicted, plain)
         if best is not None:
             best_spec, best_shape = best[0], best[1]
             best_rate, best_parts = best[2] / best[3], (best[2], best[3])
@@ -649,7 +638,7 @@ class TreeChooser:
         ):  # a clear verdict, on plain steps timed in this run (not one step's noise)
             self._verdict = (batch, CANNOT_PAY_RECHECK - 1)
         spec_t, plain_t = self.timing["spec"], self.timing["plain"]
-        drafts = best_shape is not None and best_rate > bar and self._can_pay
+        drafts = best_shape is not None and best_rate > plain and self._can_pay
         if drafts and self.horizon is not None:
             drafts = self._pays_off(costs, context, batch, plain, best_rate)
         exploring = False
@@ -785,7 +774,6 @@ class TreeChooser:
 
 
 __all__ = [
-    "BATCH_DRAFT_MARGIN",
     "CANNOT_PAY_MARGIN",
     "CANNOT_PAY_RECHECK",
     "CANNOT_PAY_TIMED",

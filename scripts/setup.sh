@@ -42,15 +42,31 @@ fi
 if [[ $LLAMACPP == 1 ]] && ! python -c "import llama_cpp" 2>/dev/null; then
   # the version pinned by the llamacpp extra in pyproject.toml (one place)
   LLAMA_PIN=$(python -c "import re,sys; print(re.search(r'llama-cpp-python==[0-9.]+', open('pyproject.toml').read()).group())")
-  # built with -DGGML_NATIVE=ON: the fastest code for *this* CPU, not portable to older CPUs, so
-  # the cache is keyed by the CPU's feature flags (override with CMAKE_ARGS, e.g. a portable
-  # "-DGGML_NATIVE=OFF -DGGML_AVX2=ON", and ERSD_WHEEL_CACHE)
-  cpu=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-12)
+  # built with -DGGML_NATIVE=ON: the fastest code for *this* CPU, not portable to older CPUs
+  # (override with CMAKE_ARGS, e.g. a portable "-DGGML_NATIVE=OFF -DGGML_AVX2=ON", and
+  # ERSD_WHEEL_CACHE)
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m)
+  cmake_args=${CMAKE_ARGS:--DGGML_NATIVE=ON}
+  if [[ -z "${CMAKE_ARGS:-}" && " $flags " == *" amx_tile "* ]]; then
+    # on a CPU with AMX, -march=native compiles llama.cpp's AMX kernels in, and its AMX buffer
+    # type (used with repacked weights, the fast batch policy) segfaults in
+    # ggml_backend_amx_mul_mat (llama-cpp-python 0.3.36, 2-core Intel Xeon, plain decoding of
+    # SmolLM2 Q4_1 and Q4_K): name this CPU's instruction sets instead, without AMX
+    cmake_args="-DGGML_NATIVE=OFF"
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+      avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+      if [[ " $flags " == *" ${pair%%:*} "* ]]; then cmake_args+=" -DGGML_${pair#*:}=ON"; fi
+    done
+  fi
+  # the cache is keyed by the CPU's flags and the build's CMake arguments
+  cpu=$(printf '%s\n%s\n' "$flags" "$cmake_args" | md5sum | cut -c1-12)
   wheels=${ERSD_WHEEL_CACHE:-$HOME/.cache/ersd-wheels}/$cpu
   mkdir -p "$wheels"
   if ! ls "$wheels"/llama_cpp_python-"${LLAMA_PIN#*==}"-*.whl >/dev/null 2>&1; then
-    echo "== building $LLAMA_PIN from source once (~7 min on 2 cores) into $wheels"
-    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" python -m pip wheel --quiet --no-deps \
+    echo "== building $LLAMA_PIN from source once (~7 min on 2 cores) into $wheels ($cmake_args)"
+    # --no-cache-dir: pip's own cache keeps one built wheel per version, whatever CMAKE_ARGS
+    # built it, and would hand back a build with other flags
+    CMAKE_ARGS="$cmake_args" python -m pip wheel --quiet --no-deps --no-cache-dir \
       --disable-pip-version-check "$LLAMA_PIN" -w "$wheels"
   fi
   echo "== installing $LLAMA_PIN (the llamacpp extra) from $wheels"

@@ -59,8 +59,8 @@ if [[ $LLAMACPP == 1 ]] && ! python -c "import llama_cpp" 2>/dev/null; then
     done
   fi
   # the cache is keyed by the CPU's flags and the build's CMake arguments
-  cpu=$(printf '%s\n%s\n' "$flags" "$cmake_args" | md5sum | cut -c1-12)
-  wheels=${ERSD_WHEEL_CACHE:-$HOME/.cache/ersd-wheels}/$cpu
+  build_key=$(printf '%s\n%s\n' "$flags" "$cmake_args" | md5sum | cut -c1-12)
+  wheels=${ERSD_WHEEL_CACHE:-$HOME/.cache/ersd-wheels}/$build_key
   mkdir -p "$wheels"
   if ! ls "$wheels"/llama_cpp_python-"${LLAMA_PIN#*==}"-*.whl >/dev/null 2>&1; then
     echo "== building $LLAMA_PIN from source once (~7 min on 2 cores) into $wheels ($cmake_args)"

@@ -8,14 +8,19 @@ A plain ASGI middleware (it never wraps a response, so streams are untouched):
   ``/health`` and ``/metrics`` stay open, as in vLLM: probes and scrapers carry no key, and they
   reveal queue lengths and counters, never prompts or text.
 * **Body size** (``--max-body-bytes``): a body longer than the limit gets HTTP 413 naming the
-  limit, before it is parsed; a declared ``Content-Length`` is refused unread, a chunked body
-  as soon as it passes the limit.
+  limit, before it is parsed; a declared ``Content-Length`` is refused before the body is
+  parsed, a chunked body as soon as it passes the limit.  The rest of the body is read and thrown
+  away first (up to :data:`DRAIN_BYTES` and :data:`DRAIN_SECONDS`): a client such as ``urllib``
+  or ``httpx`` sends its whole body before it reads the reply, and a server that answers and
+  closes mid-body makes that client see "connection reset" instead of the 413.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -27,6 +32,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: default ``--max-body-bytes``: 4 MiB, some 30 times the text of a 32k-token context
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: an over-limit body is read and discarded up to this many bytes before the 413 is sent, so
+#: the client gets to read the reply; a bigger body is answered at once (the client may then see
+#: a reset connection, the price of not reading gigabytes for it)
+DRAIN_BYTES = 64 * 1024 * 1024
+#: ... and for at most this many seconds (a client trickling its body is not waited for)
+DRAIN_SECONDS = 10.0
 #: routes the API key guards (the OpenAI API); /health and /metrics stay open
 GUARDED_PREFIX = "/v1"
 
@@ -53,6 +64,26 @@ async def _error(send: Send, status: int, message: str, code: str, **headers: st
     raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive: Receive, size: int) -> None:
+    """Read and discard the rest of a request body (``size`` bytes of it already read), up to
+    :data:`DRAIN_BYTES` in all and :data:`DRAIN_SECONDS`, so the 413 reaches a client that writes
+    its whole body before it reads."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while size <= DRAIN_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), timeout=left)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 class Guard:
@@ -92,6 +123,8 @@ class Guard:
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            if int(declared) <= DRAIN_BYTES:
+                await _drain(receive, 0)
             await self._too_large(send, f"{int(declared):,} bytes")
             return
         if scope.get("method") in ("GET", "HEAD") or declared is not None:
@@ -107,6 +140,8 @@ class Guard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive, size)
                 await self._too_large(send, f"over {size:,} bytes")
                 return
             if not message.get("more_body", False):

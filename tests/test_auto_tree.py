@@ -75,6 +75,19 @@ def test_batch_cost_model_interpolates_rows_and_stacks_without_batch_curves() ->
     assert CostModel.from_dict(costs.to_dict()) == costs
 
 
+def test_cost_beyond_the_curve_never_falls() -> None:
+    """Measured on the Intel bf16 draft at batch 1: 16 tokens timed faster than 8, and the old
+    extension of the last segment put a 118-token prefill at 0.058 s, 60% of one token's."""
+    costs = CostModel(sizes=[1, 8, 16], target=[1.0, 1.5, 3.0], draft=[0.0863, 0.0983, 0.0954])
+    one = costs.draft_cost(1)
+    slope = (0.0954 - 0.0863) / 15  # the whole curve's, the larger here
+    assert costs.draft_cost(118) == pytest.approx(0.0954 + slope * 102)
+    assert costs.draft_cost(118) > one
+    assert costs.target_cost(32) == pytest.approx(3.0 + 16 * (1.5 / 8))  # the last segment's
+    flat = CostModel(sizes=[1, 2], target=[2.0, 1.0], draft=[0.0, 0.0])
+    assert flat.target_cost(10) == pytest.approx(1.0)  # never below the last point
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -597,3 +597,87 @@ def test_auto_check_rotates_the_configurations_per_prompt_temperature_and_repeat
         sorted(c[0] for *_, c in runs[j : j + 3]) == ["auto", "chain:4", "plain"]
         for j in range(0, len(runs), 3)
     )
+
+
+# --- a run's timing corrections are kept for the next run ---------------------------------------
+
+
+def stored_curves(tmp_path, target: Any, draft: Any, t: float, d: float) -> CostStore:
+    """A store holding flat measured curves of ``t`` and ``d`` seconds a row at batch 1 and 2
+    (so that nothing is timed for real)."""
+    s = store(tmp_path)
+    for b in (1, 2):
+        s.put_curve(target, b, DEFAULT_SIZES, [b * t] * len(DEFAULT_SIZES))
+        s.put_curve(draft, b, DEFAULT_SIZES, [b * d] * len(DEFAULT_SIZES))
+    return s
+
+
+def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> None:
+    """On the Intel bf16 pair a drafting step at batch 8 took 1.17x the curves' prediction, and
+    every run decided its first step (the one that prefills the draft) on the uncorrected
+    curve.  Now a run keeps its corrections per batch size (after KEEP_TIMING_AFTER timed
+    steps of a kind), and the next run starts from them: here a drafting step predicted at
+    0.15 s that really takes 1.5x is drafted by a first run, not by the next."""
+    from ersd.auto import KEEP_TIMING_AFTER
+
+    target, draft = Described("t"), Described("d", seed=1)
+    s = stored_curves(tmp_path, target, draft, 0.1, 0.05)
+    m = get_method("ersd")
+
+    def new() -> TreeChooser:
+        return TreeChooser(AutoTree(costs=CurveCache(s)), target, ModelDrafter(draft), m, m, 1.0)
+
+    first = new()
+    shape = first.choose([1, 2, 3])
+    assert shape is not None  # uncorrected: chain:1 at 1.6 tokens / 0.15 s beats 10 tokens/s
+    t, d = first._forward_parts(first.costs_at([1], 1), shape, 1)
+    for _ in range(KEEP_TIMING_AFTER - 1):
+        first._catchup = 0  # steps after the first (which fed the draft's prefill)
+        first.observe_times(1, 1.5 * d, 1.5 * t, 1.5 * (t + d))
+    assert not first.keep_timing()  # too few steps timed: nothing written
+    first.observe_times(1, 1.5 * d, 1.5 * t, 1.5 * (t + d))
+    assert first.timing["spec"].target_ratio == pytest.approx(1.5)
+    assert first.keep_timing()
+    entry = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1)
+    assert entry["spec"] == pytest.approx([1.5, 1.5, 0.0]) and "plain" not in entry
+    for _ in range(KEEP_TIMING_AFTER):  # plain steps as predicted (else plain borrows 1.5)
+        first.observe_times(1, 0.0, 0.1, 0.1, step=None)
+    assert first.keep_timing()
+    entry = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1)
+    assert entry["plain"] == pytest.approx([1.0, 1.0, 0.0])
+    assert entry["spec"][0] == pytest.approx(1.5)
+    nxt = new()
+    assert nxt.choose([1, 2, 3]) is None  # 1.6 tokens / 0.225 s: below plain decoding
+    assert nxt.timing["spec"].steps == 1
+    assert nxt.timing["spec"].target_ratio == pytest.approx(1.5)
+    # another batch size, another machine or a given cost model start from 1.0
+    at2 = new()
+    assert at2.choose([1, 2, 3], batch=2) is not None and at2.curves.measurements == 0
+    other = store(tmp_path, {**ENV, "cpu": "Other CPU"})
+    stale = TreeChooser(AutoTree(costs=CurveCache(other)), target, ModelDrafter(draft), m, m, 1.0)
+    stale.choose([1, 2, 3])
+    assert stale.timing["spec"].steps == 0 and other.stale >= 1
+    given = TreeChooser(
+        AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0, CurveCache(s)
+    )
+    given.choose([1, 2, 3])
+    assert given.timing["spec"].steps == 0 and not given.keep_timing()
+
+
+def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill() -> None:
+    """The draft prefills a batch's rows as one padded forward: the first drafting step costs
+    the longest row's prompt on every row, not the asking row's (on the Intel bf16 pair: 1.2 s
+    for 173 tokens x 8 rows, predicted 0.86 s from the first row's 118)."""
+    costs = CostModel(
+        sizes=SIZES, target=[0.1, 0.1, 0.1, 0.1], draft=[0.01, 0.02, 0.04, 0.08], overhead=0.0
+    )
+    m = get_method("ersd")
+    profile = [[0.5, 0.1]] * 8
+    picks = {}
+    for longest in (None, 2000):
+        auto = AutoTree(profile=profile, costs=costs)
+        c = TreeChooser(auto, None, None, m, m, 1.0, None, horizon=5000)
+        picks[longest] = c.choose([1] * 20, 4, longest)
+        assert c.last is not None and c.last.best_tree_predicted is not None
+        assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
+    assert picks[None] is not None and picks[2000] is None

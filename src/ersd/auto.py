@@ -84,6 +84,12 @@ EXPLORE_BUDGET = 0.02
 #: drafting steps a run observes before its rank observations are kept in the cost store
 #: (:meth:`TreeChooser.keep_profile`)
 KEEP_PROFILE_AFTER = 8
+#: steps of a kind (drafting or not) a run times at one batch size before its timing correction
+#: is kept in the cost store (:meth:`TreeChooser.keep_timing`), for the next run at that batch
+#: size to start from: on the Intel bf16 pair at batch 8 a drafting step took 1.17x the curves'
+#: prediction (0.37 s, not 0.32 s), and a run that starts from 1.0 decides its first, costliest
+#: step -- the one that prefills the draft on every row -- on the uncorrected curve
+KEEP_TIMING_AFTER = 4
 #: ... and after this many drafting steps in a row, one step without drafting (and once early,
 #: after two drafting steps, if no plain step was ever timed): the target-only side of the
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
@@ -356,6 +362,16 @@ class StepTiming:
     overhead: float | None = None  # seconds per row per step outside forwards (None: not seen)
     steps: int = 0
 
+    def seed(self, stored: list[float]) -> None:
+        """Start from a stored correction ``[target ratio, draft ratio, overhead]`` (of an
+        earlier run at this batch size), weighted as one step: this run's first step then
+        moves it by :data:`TIMING_EMA`, not all the way."""
+        self.target_ratio, self.draft_ratio, self.overhead = stored
+        self.steps = 1
+
+    def stored(self) -> list[float]:
+        return [self.target_ratio, self.draft_ratio, self.overhead or 0.0]
+
     def update(self, target: float, draft: float, overhead: float) -> None:
         w = 1.0 if self.steps == 0 else TIMING_EMA
         self.target_ratio += w * (target - self.target_ratio)
@@ -459,6 +475,9 @@ class TreeChooser:
         # predicted (target, draft) forward seconds per (tree, batch size), before correction
         self._parts: dict[tuple[Any, int], tuple[float, float]] = {}
         self.timing = {"plain": StepTiming(), "spec": StepTiming()}
+        self._seeded: set[int] = set()  # batch sizes whose stored timing was looked up
+        self._timed: dict[tuple[str, int], int] = {}  # steps timed in this run, per kind, batch
+        self._longest: int | None = None  # the longest row's context (a batch's), this step
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
         self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
@@ -556,9 +575,44 @@ class TreeChooser:
 
     def _unseen(self, context: list[int]) -> int:
         """Tokens the draft session has not been fed yet: the whole context before the first
-        drafting step (sessions prefill lazily, on their first forward), else one per row and
-        plain step since the last drafting step."""
-        return self._plain_run if self._ever_drafted else len(context)
+        drafting step (sessions prefill lazily, on their first forward; in a batch, the longest
+        row's, as the rows are fed as one padded forward), else one per row and plain step
+        since the last drafting step."""
+        if self._ever_drafted:
+            return self._plain_run
+        return max(len(context), self._longest or 0)
+
+    def _seed_timing(self, batch: int) -> None:
+        """Start the timing corrections of a kind not timed yet from the cost store's entry for
+        the pair at ``batch`` rows (once per batch size; measured curves only: a stored
+        correction is relative to this machine's measured curve, not to a given cost model)."""
+        if batch in self._seeded:
+            return
+        self._seeded.add(batch)
+        store = self.curves.store
+        if self.costs is not None or store is None or self.draft_model is None:
+            return
+        for kind, stored in store.get_timing(self.target, self.draft_model, batch).items():
+            if self.timing[kind].steps == 0:
+                self.timing[kind].seed(stored)
+
+    def keep_timing(self) -> bool:
+        """Keep this run's timing corrections in the cost store (:data:`KEEP_TIMING_AFTER`),
+        each kind under the batch size it was timed at most; returns whether anything was
+        written."""
+        store = self.curves.store
+        if self.costs is not None or store is None or self.draft_model is None:
+            return False
+        wrote = False
+        for kind, timing in self.timing.items():
+            counts = {b: n for (k, b), n in self._timed.items() if k == kind}
+            if not counts:
+                continue
+            batch = max(counts, key=lambda b: counts[b])
+            if counts[batch] >= KEEP_TIMING_AFTER:
+                store.put_timing(self.target, self.draft_model, batch, {kind: timing.stored()})
+                wrote = True
+        return wrote
 
     @staticmethod
     def _drafting_can_pay(ceiling: float, plain: float) -> bool:
@@ -590,11 +644,15 @@ class TreeChooser:
         run = max(self.elapsed, self._projected)
         return self.explore_spent + max(cost, 0.0) <= EXPLORE_BUDGET * run
 
-    def choose(self, context: list[int], batch: int = 1) -> TreeShape | None:
+    def choose(
+        self, context: list[int], batch: int = 1, longest: int | None = None
+    ) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
-        ``batch`` live rows; the decision is kept in :attr:`last`."""
+        ``batch`` live rows (``longest``: the longest row's context length, in a batch); the
+        decision is kept in :attr:`last`."""
         if self._start is None:
             self._start = len(context)
+        self._longest = longest
         verdict = self._verdict
         if verdict is not None and verdict[0] == batch and verdict[1] > 0:
             self._verdict = (batch, verdict[1] - 1)  # drafting cannot pay: not re-decided yet
@@ -608,6 +666,7 @@ class TreeChooser:
         measured = self.curves.measure_seconds
         costs = self.costs_at(context, batch)
         measured = self.curves.measure_seconds - measured
+        self._seed_timing(batch)
         probs = self.depth_probs()
         plain = self._plain_rate(costs, batch)
         if self.horizon is not None:  # plain is over the batch: a row's rate is plain / batch
@@ -724,14 +783,17 @@ class TreeChooser:
             shape = step if isinstance(step, TreeShape) else None
         overhead = max(total - draft - target, 0.0) / batch
         if shape is None:
+            kind = "plain"
             predicted_target = costs.target_cost(1, batch)
             self.timing["plain"].update(target / max(predicted_target, 1e-9), 1.0, overhead)
         elif self._catchup > 2:  # the draft's forwards fed tokens of plain steps (or its
             return  # prompt: lazy prefill): not what a drafting step costs
         else:
+            kind = "spec"
             pt, pd = self._forward_parts(costs, shape, batch)
             dr = draft / pd if pd > 0 else 1.0
             self.timing["spec"].update(target / max(pt, 1e-9), dr, overhead)
+        self._timed[kind, batch] = self._timed.get((kind, batch), 0) + 1
         self._learned += 1  # the decision may change
 
     def keep_profile(self) -> bool:
@@ -739,7 +801,9 @@ class TreeChooser:
         of this pair (method, temperature), so that the next run -- in this process or another
         -- starts from them instead of the generic prior (a run without a stored profile may
         otherwise never afford its first drafting step).  Kept only from
-        :data:`KEEP_PROFILE_AFTER` drafting steps on; returns whether anything was written."""
+        :data:`KEEP_PROFILE_AFTER` drafting steps on; returns whether anything was written.
+        The run's timing corrections are kept too (:meth:`keep_timing`)."""
+        self.keep_timing()
         online, store = self.online, self.curves.store
         if online is None or store is None or self.draft_model is None:
             return False
@@ -782,6 +846,7 @@ __all__ = [
     "EXPLORE_BUDGET",
     "EXPLORE_PLAIN_AFTER",
     "KEEP_PROFILE_AFTER",
+    "KEEP_TIMING_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
     "SMALLER_TREE_WITHIN",

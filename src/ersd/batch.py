@@ -381,11 +381,14 @@ class BatchEngine:
         sessions: dict[int, GrowingSession] = {}  # the growing rows' draft sessions
         model = self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
         decided: dict[int, TreeShape | None] = {}  # tree="auto": one decision per chooser
+        longest = max(len(r.seq.target.committed) for r in rows)  # a padded draft prefill's
         for i, row in enumerate(rows):
             chooser = row.settings.chooser
             if chooser is not None and row.seq.drafter is not None:
                 if id(chooser) not in decided:
-                    decided[id(chooser)] = chooser.choose(row.seq.target.committed, len(rows))
+                    decided[id(chooser)] = chooser.choose(
+                        row.seq.target.committed, len(rows), longest
+                    )
                 shape = step_shape(row.settings, row.seq, len(rows), decided[id(chooser)])
             else:
                 shape = step_shape(row.settings, row.seq, len(rows))

@@ -9,7 +9,10 @@ batch size).  Measuring them costs a few seconds of every process that uses ``au
 * a **curve** entry is keyed by the model (its ``describe()``: backend, name/path, dtype, layers,
   threads for llama.cpp, ...), the batch size and the forward sizes;
 * a **profile** entry (per-depth rank probabilities of a model pair, method and temperature, from
-  ``ersd models calibrate``) is keyed by both models' keys, the method and the temperature.
+  ``ersd models calibrate``) is keyed by both models' keys, the method and the temperature;
+* a **timing** entry (how a pair's real steps ran against the curves' prediction at one batch
+  size: ``tree="auto"``'s online correction, :class:`ersd.auto.StepTiming`, of drafting and of
+  plain steps) is keyed by both models' keys and the batch size.
 
 Every entry records the **environment** it was measured in (:func:`environment`: the CPU model and
 a hash of its feature flags, the core count, the machine, the Python and torch builds, torch's
@@ -165,6 +168,7 @@ class CostStore:
                 logger.warning("cost store %s is unreadable (%s); it will be rewritten", path, exc)
         data.setdefault("curves", {})
         data.setdefault("profiles", {})
+        data.setdefault("timing", {})
         self._data = data
         return data
 
@@ -227,6 +231,49 @@ class CostStore:
             "seconds": [float(v) for v in seconds],
             "env": self.env(),
         }
+        self._save()
+
+    # --- step timing corrections -----------------------------------------------------------
+
+    @staticmethod
+    def _timing_key(tkey: str, dkey: str, batch: int) -> str:
+        return json.dumps([tkey, dkey, int(batch)])
+
+    def get_timing(self, target: Any, draft: Any, batch: int) -> dict[str, list[float]]:
+        """The stored step-timing corrections of the pair at ``batch`` rows: ``{kind: [target
+        ratio, draft ratio, overhead seconds per row]}`` for ``kind`` "plain" and/or "spec"
+        (empty: none, stale or unkeyed)."""
+        tkey, dkey = model_key(target), model_key(draft)
+        if tkey is None or dkey is None:
+            return {}
+        entry = self._load()["timing"].get(self._timing_key(tkey, dkey, batch))
+        if entry is None or not self._fresh(entry):
+            return {}
+        out: dict[str, list[float]] = {}
+        for kind in ("plain", "spec"):
+            v = entry.get(kind)
+            ok = isinstance(v, list) and len(v) == 3
+            ok = ok and all(isinstance(x, int | float) and x >= 0 for x in v)
+            if ok and v[0] > 0 and v[1] > 0:
+                out[kind] = [float(x) for x in v]
+        return out
+
+    def put_timing(
+        self, target: Any, draft: Any, batch: int, timing: dict[str, list[float]]
+    ) -> None:
+        """Keep the pair's step-timing corrections at ``batch`` rows (the kinds given replace
+        the stored ones; the file is read again first)."""
+        tkey, dkey = model_key(target), model_key(draft)
+        if tkey is None or dkey is None or not timing:
+            return
+        self._data = None  # re-read: another process may have written since
+        key = self._timing_key(tkey, dkey, batch)
+        entries = self._load()["timing"]
+        old = entries.get(key)
+        entry = dict(old) if isinstance(old, dict) and old.get("env") == self.env() else {}
+        entry.update({k: [float(x) for x in v] for k, v in timing.items()})
+        entry["env"] = self.env()
+        entries[key] = entry
         self._save()
 
     # --- rank profiles -------------------------------------------------------------------

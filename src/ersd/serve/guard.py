@@ -77,7 +77,7 @@ async def _drain(receive: Receive, size: int) -> None:
             return
         try:
             message = await asyncio.wait_for(receive(), timeout=left)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         if message["type"] != "http.request":
             return

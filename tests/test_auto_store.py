@@ -681,3 +681,90 @@ def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill() -> Non
         assert c.last is not None and c.last.best_tree_predicted is not None
         assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
     assert picks[None] is not None and picks[2000] is None
+
+
+# --- a batch is done when its slowest row is ------------------------------------------------------
+
+
+def test_batch_finish_seconds_counts_the_steps_after_rows_have_left() -> None:
+    from ersd.auto import batch_finish_seconds, slowest_of
+
+    # rows needing 2 and 4 steps: 2 steps of both rows, then 2 of one
+    assert batch_finish_seconds([4, 2], lambda b: float(b)) == pytest.approx(2 * 2 + 2 * 1)
+    # a forward whose cost does not depend on the rows: the slowest row decides
+    assert batch_finish_seconds([4, 2, 3], lambda b: 1.0) == pytest.approx(4.0)
+    assert slowest_of(1) == 0.0 and 1.3 < slowest_of(8) < 1.5  # E[max of 8 normals] = 1.42
+
+
+#: a forward costs the same for 1 and 8 rows (as the Intel bf16 target nearly does)
+FLAT_ROWS = CostModel(
+    sizes=SIZES,
+    target=[0.2] * 4,
+    draft=[0.1] * 4,
+    batch_sizes=[1, 8],
+    target_batch=[[0.2] * 4, [0.2] * 4],
+    draft_batch=[[0.1] * 4, [0.1] * 4],
+)
+
+
+def test_a_batch_with_one_slow_row_decodes_plain() -> None:
+    """Per step, drafting beats plain decoding on the pooled acceptance (the old rule drafted
+    at batch 8 and lost 9-16% to plain on the Intel bf16 pair).  But one row that accepts
+    nothing needs nearly a step per token, and the batch runs until it is done: over the rest of
+    the run plain decoding is faster, so auto stops drafting.  With every row accepting alike
+    the rates are the per-step ones and auto drafts."""
+    m = get_method("ersd")
+    rows = [(k, 96) for k in range(8)]
+    for slow in (False, True):
+        c = TreeChooser(AutoTree(profile=[[0.9]] * 8, costs=FLAT_ROWS), None, None, m, m, 1.0)
+        first = c.choose([1, 2, 3], 8, rows=rows)
+        assert first is not None and c.last is not None
+        per_step = c.last.step_tokens
+        assert per_step > 2.0 and c.last.predicted_tokens == pytest.approx(8 * per_step)
+        for _ in range(10):
+            for k, _ in rows:
+                ok = 0 if slow and k == 0 else first.depth
+                c.observe([1] * first.depth, ok, first.depth, row=k)
+        accepted = 0 if slow else 10 * first.depth
+        assert c.row_factor(0) == pytest.approx((accepted + 4) / (10 * (per_step - 1) + 4))
+        picked = c.choose([1, 2, 3], 8, rows=rows)
+        assert (picked is None) == slow, (slow, c.last)
+        # without the rows (one step's rate, the old rule) it drafts either way
+        assert c.choose([1, 2, 3], 8) is not None
+
+
+def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path) -> None:
+    """Rows that left report how they accepted against the pool; a run keeps the spread of
+    those factors with its timing at that batch size, and the next run starts from it (before
+    its own rows have shown their rates, each is assumed as slow as the expected slowest)."""
+    from ersd.auto import KEEP_TIMING_AFTER, ROW_SPREAD_AFTER
+
+    target, draft = Described("t"), Described("d", seed=1)
+    s = store(tmp_path)
+    for b in (1, 8):
+        s.put_curve(target, b, DEFAULT_SIZES, [0.2] * len(DEFAULT_SIZES))
+        s.put_curve(draft, b, DEFAULT_SIZES, [0.1] * len(DEFAULT_SIZES))
+    m = get_method("ersd")
+
+    def new() -> TreeChooser:
+        return TreeChooser(AutoTree(costs=CurveCache(s)), target, ModelDrafter(draft), m, m, 1.0)
+
+    c = new()
+    shape = c.choose([1, 2, 3], 8)
+    assert shape is not None
+    for row, rate in ((1, 0.5), (2, 1.0), (3, 0.0)):
+        c._row_tokens[row] = [rate * ROW_SPREAD_AFTER, ROW_SPREAD_AFTER]
+    c._row_tokens[4] = [0.0, 1.0]  # too few drafted tokens to say
+    for row in (1, 2, 3, 4, 99):
+        c.forget_row(row)
+    assert c._row_tokens == {} and c._spreads == [0.5, 1.0, 0.0]
+    t, d = c._forward_parts(c.costs_at([1], 8), shape, 8)
+    for _ in range(KEEP_TIMING_AFTER):
+        c._catchup = 0
+        c.observe_times(8, d, t, t + d)
+    assert c.keep_timing()
+    rows = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 8)["rows"]
+    assert rows == pytest.approx([0.408248, 3.0], rel=1e-5)  # pstdev of 0.5, 1, 0
+    nxt = new()
+    nxt.choose([1, 2, 3], 8)
+    assert nxt._row_spread == pytest.approx(0.408248, rel=1e-5)

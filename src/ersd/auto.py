@@ -45,10 +45,13 @@ timing correction and exploration are one decision rule, read together.)
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from statistics import NormalDist, pstdev
 from typing import Any
 
 import numpy as np
@@ -111,6 +114,37 @@ CANNOT_PAY_TIMED = 4
 #: the acceptance of deep positions, observed least often -- so the smaller tree loses at most
 #: this share where the prediction is right and saves the larger tree's cost where it is not
 SMALLER_TREE_WITHIN = 0.03
+#: a batch's rows accept at different rates (code against chat), and a batch is done when its
+#: slowest row is: each row's expected tokens per step is scaled by its own acceptance so far,
+#: ``(accepted + W) / (predicted + W)`` drafted tokens, ``W`` this many pseudo-tokens towards
+#: the pool's rate (:meth:`TreeChooser.row_factor`)
+ROW_PRIOR_TOKENS = 4.0
+#: rows with at least this many predicted drafted tokens count in the spread of the rows'
+#: factors that a run keeps for the next (:meth:`TreeChooser.keep_timing`)
+ROW_SPREAD_AFTER = 8.0
+
+
+def batch_finish_seconds(steps: Sequence[float], step_seconds: Callable[[int], float]) -> float:
+    """Seconds until every row of a batch is done, row ``i`` needing ``steps[i]`` more steps and
+    a step with ``b`` live rows costing ``step_seconds(b)``: the rows leave one by one, and the
+    steps after the first has left run with fewer rows (at nearly a full step's cost where the
+    forward's cost hardly depends on the rows, as on the Intel bf16 target: 0.206 s for 8 rows,
+    0.195 s for one)."""
+    total, done = 0.0, 0.0
+    ordered = sorted(steps)
+    for j, n in enumerate(ordered):
+        if n > done:
+            total += (n - done) * step_seconds(len(ordered) - j)
+            done = n
+    return total
+
+
+def slowest_of(batch: int) -> float:
+    """About the expected largest of ``batch`` standard normal draws (Blom's approximation):
+    how many spreads below the mean the slowest of ``batch`` rows' factors falls."""
+    if batch < 2:
+        return 0.0
+    return NormalDist().inv_cdf((batch - 0.375) / (batch + 0.25))
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -251,6 +285,9 @@ class Choice:
     measure_seconds: float = 0.0
     #: whether drafting could pay at all (if every drafted token were accepted)
     can_pay: bool = True
+    #: the chosen tree's expected tokens per row and step under the pooled profile (in a
+    #: batch ``predicted_tokens`` is restated for the rest of the run; this is not)
+    step_tokens: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)  # flat fields: no need for dataclasses.asdict's deep copy
@@ -478,8 +515,12 @@ class TreeChooser:
         self._seeded: set[int] = set()  # batch sizes whose stored timing was looked up
         self._timed: dict[tuple[str, int], int] = {}  # steps timed in this run, per kind, batch
         self._longest: int | None = None  # the longest row's context (a batch's), this step
+        #: per row of a batch: [accepted, predicted] drafted tokens so far (row_factor)
+        self._row_tokens: dict[Any, list[float]] = {}
+        self._row_spread = 0.0  # the spread of rows' factors an earlier run kept (0: none)
+        self._spreads: list[float] = []  # factors of this run's rows that have left (keep)
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
-        self._decided: tuple[tuple[int, int], TreeShape | None] | None = None
+        self._decided: tuple[tuple[int, int, bool], TreeShape | None] | None = None
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
         self._epoch = self.curves.measurements
         self._plain_run = 0  # steps in a row without drafting
@@ -592,8 +633,11 @@ class TreeChooser:
         store = self.curves.store
         if self.costs is not None or store is None or self.draft_model is None:
             return
-        for kind, stored in store.get_timing(self.target, self.draft_model, batch).items():
-            if self.timing[kind].steps == 0:
+        stored_timing = store.get_timing(self.target, self.draft_model, batch)
+        for kind, stored in stored_timing.items():
+            if kind == "rows":
+                self._row_spread = stored[0]
+            elif self.timing[kind].steps == 0:
                 self.timing[kind].seed(stored)
 
     def keep_timing(self) -> bool:
@@ -610,9 +654,58 @@ class TreeChooser:
                 continue
             batch = max(counts, key=lambda b: counts[b])
             if counts[batch] >= KEEP_TIMING_AFTER:
-                store.put_timing(self.target, self.draft_model, batch, {kind: timing.stored()})
+                keep = {kind: timing.stored()}
+                if kind == "spec" and batch > 1 and len(self._spreads) >= 2:
+                    keep["rows"] = [pstdev(self._spreads), float(len(self._spreads))]
+                store.put_timing(self.target, self.draft_model, batch, keep)
                 wrote = True
         return wrote
+
+    def row_factor(self, row: Any) -> float:
+        """A batch row's acceptance relative to the pool's: ``(accepted + W) / (predicted + W)``
+        drafted tokens over its drafting steps so far (:data:`ROW_PRIOR_TOKENS`)."""
+        accepted, predicted = self._row_tokens.get(row, (0.0, 0.0))
+        return (accepted + ROW_PRIOR_TOKENS) / (predicted + ROW_PRIOR_TOKENS)
+
+    def forget_row(self, row: Any) -> None:
+        """A row left the batch: its factor joins the spread kept for the next run (if it
+        drafted enough to say), and its key is dropped (ids are reused)."""
+        tokens = self._row_tokens.pop(row, None)
+        if tokens is not None and tokens[1] >= ROW_SPREAD_AFTER:
+            self._spreads.append(tokens[0] / tokens[1])
+
+    def _finish_rates(
+        self,
+        costs: CostModel,
+        predicted: list[tuple[str, TreeShape, float, float]],
+        rows: Sequence[tuple[Any, int]],
+    ) -> tuple[list[tuple[str, TreeShape, float, float]], float]:
+        """The candidates' and plain decoding's rates over the rest of a batch's run (its rows'
+        ``(key, tokens left)``): the tokens left over the seconds until the last row is done
+        (:func:`batch_finish_seconds`), each row's expected tokens per step scaled by its own
+        acceptance (:meth:`row_factor`) less, for a row with few observations, the spread of
+        rows' factors an earlier run kept times the expected slowest of the batch's rows
+        (:func:`slowest_of`).  A candidate's tokens are restated so that tokens / seconds is
+        that rate (its seconds stay one step's)."""
+        left = [max(int(n), 1) for _, n in rows]
+        total = float(sum(left))
+        z = slowest_of(len(rows)) * self._row_spread
+        factors = []
+        for key, _ in rows:
+            _, seen = self._row_tokens.get(key, (0.0, 0.0))
+            unsure = ROW_PRIOR_TOKENS / (seen + ROW_PRIOR_TOKENS)
+            factors.append(max(self.row_factor(key) - z * unsure, 0.0))
+        plain = total / batch_finish_seconds(left, lambda b: b / self._plain_rate(costs, b))
+        out = []
+        for spec, shape, tokens, seconds in predicted:
+            gain = tokens / len(rows) - 1.0  # drafted tokens accepted per step, pooled
+            steps = [
+                n / min(1.0 + f * gain, 1.0 + shape.depth)
+                for n, f in zip(left, factors, strict=True)
+            ]
+            finish = batch_finish_seconds(steps, functools.partial(self._step_time, costs, shape))
+            out.append((spec, shape, total / finish * seconds, seconds))
+        return out, plain
 
     @staticmethod
     def _drafting_can_pay(ceiling: float, plain: float) -> bool:
@@ -645,11 +738,17 @@ class TreeChooser:
         return self.explore_spent + max(cost, 0.0) <= EXPLORE_BUDGET * run
 
     def choose(
-        self, context: list[int], batch: int = 1, longest: int | None = None
+        self,
+        context: list[int],
+        batch: int = 1,
+        longest: int | None = None,
+        rows: Sequence[tuple[Any, int]] | None = None,
     ) -> TreeShape | None:
         """This step's tree (None: no drafting) for a row with committed ``context`` among
-        ``batch`` live rows (``longest``: the longest row's context length, in a batch); the
-        decision is kept in :attr:`last`."""
+        ``batch`` live rows; the decision is kept in :attr:`last`.  In a batch: ``longest``, the
+        longest row's context length, and ``rows``, each live row's ``(key, tokens it may
+        still emit)`` -- the rates are then over the rest of the batch's run
+        (:meth:`_finish_rates`), not one step's."""
         if self._start is None:
             self._start = len(context)
         self._longest = longest
@@ -660,7 +759,7 @@ class TreeChooser:
         self._verdict = None
         explore = self._plain_run >= EXPLORE_AFTER and self._can_pay
         cached = self._decided  # kept while nothing was learned (unless it is time to explore)
-        fresh = cached is not None and cached[0] == (batch, self._learned)
+        fresh = cached is not None and cached[0] == (batch, self._learned, rows is not None)
         if cached is not None and fresh and not (explore and cached[1] is None):
             return self._repeat(cached[1], context, batch)
         measured = self.curves.measure_seconds
@@ -681,6 +780,9 @@ class TreeChooser:
             )
             for spec, shape in self.candidates(probs).items()
         ]
+        step_tokens = {spec: tokens / batch for spec, _, tokens, _ in predicted}
+        if rows is not None and len(rows) == batch > 1:
+            predicted, plain = self._finish_rates(costs, predicted, rows)
         ceiling = max(  # the best rate if every drafted token were accepted
             (batch * (1 + shape.depth) / sec for _, shape, _, sec in predicted), default=-math.inf
         )
@@ -734,9 +836,10 @@ class TreeChooser:
             explore=exploring,
             measure_seconds=measured,
             can_pay=self._can_pay,
+            step_tokens=step_tokens[best_spec] if drafts and best_spec else 1.0,
         )
         chosen = best_shape if drafts else None
-        self._decided = None if exploring else ((batch, self._learned), chosen)
+        self._decided = None if exploring else ((batch, self._learned, rows is not None), chosen)
         self._chosen = (costs, chosen, batch)
         return self._count(chosen, context)
 
@@ -825,9 +928,18 @@ class TreeChooser:
         self._kept_steps = online.steps
         return True
 
-    def observe(self, ranks: list[int], accepted: int, depth: int) -> dict[str, Any] | None:
-        """Learn from a verified step (its ranks, accepted drafts and drafted depth); returns
-        the step's decision as a dict (for :attr:`ersd.StepRecord.choice`)."""
+    def observe(
+        self, ranks: list[int], accepted: int, depth: int, row: Any = None
+    ) -> dict[str, Any] | None:
+        """Learn from a verified step (its ranks, accepted drafts and drafted depth; ``row``:
+        the batch row's key, for :meth:`row_factor`); returns the step's decision as a dict
+        (for :attr:`ersd.StepRecord.choice`)."""
+        last = self.last
+        if row is not None and depth > 0 and last is not None and last.tree != "none":
+            tokens = self._row_tokens.setdefault(row, [0.0, 0.0])
+            tokens[0] += accepted
+            tokens[1] += max(last.step_tokens - 1.0, 0.0)
+            self._learned += 1  # the batch's finish time may change the decision
         if self.online is not None and depth > 0:
             self._learned += 1
             if self.ranked:
@@ -849,6 +961,8 @@ __all__ = [
     "KEEP_TIMING_AFTER",
     "PRIOR_RANK_PROBS",
     "PRIOR_WEIGHT",
+    "ROW_PRIOR_TOKENS",
+    "ROW_SPREAD_AFTER",
     "SMALLER_TREE_WITHIN",
     "TREE_SIZES",
     "Choice",
@@ -856,10 +970,12 @@ __all__ = [
     "OnlineProfile",
     "StepTiming",
     "TreeChooser",
+    "batch_finish_seconds",
     "draft_model_of",
     "expected_tokens",
     "measured_costs",
     "prepare_costs",
     "sharing",
+    "slowest_of",
     "tunstall_order",
 ]

@@ -325,6 +325,7 @@ class BatchEngine:
                 del self._rows[row.id]
                 row.close()
                 if row.settings.chooser is not None:  # tree="auto": keep what it learned
+                    row.settings.chooser.forget_row(id(row.seq))
                     row.settings.chooser.keep_profile()
             out.append((row.id, rec, done))
         self.last_step = StepTimes(
@@ -386,8 +387,12 @@ class BatchEngine:
             chooser = row.settings.chooser
             if chooser is not None and row.seq.drafter is not None:
                 if id(chooser) not in decided:
+                    # its rows' tokens left: a batch is done when its slowest row is
+                    left = [
+                        (id(r.seq), r.seq.allowed) for r in rows if r.settings.chooser is chooser
+                    ]
                     decided[id(chooser)] = chooser.choose(
-                        row.seq.target.committed, len(rows), longest
+                        row.seq.target.committed, len(rows), longest, left
                     )
                 shape = step_shape(row.settings, row.seq, len(rows), decided[id(chooser)])
             else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -241,8 +242,9 @@ class CostStore:
 
     def get_timing(self, target: Any, draft: Any, batch: int) -> dict[str, list[float]]:
         """The stored step-timing corrections of the pair at ``batch`` rows: ``{kind: [target
-        ratio, draft ratio, overhead seconds per row]}`` for ``kind`` "plain" and/or "spec"
-        (empty: none, stale or unkeyed)."""
+        ratio, draft ratio, overhead seconds per row]}`` for ``kind`` "plain" and/or "spec",
+        and ``"rows": [spread of the rows' acceptance factors, rows behind it]`` (empty: none,
+        stale or unkeyed)."""
         tkey, dkey = model_key(target), model_key(draft)
         if tkey is None or dkey is None:
             return {}
@@ -250,11 +252,11 @@ class CostStore:
         if entry is None or not self._fresh(entry):
             return {}
         out: dict[str, list[float]] = {}
-        for kind in ("plain", "spec"):
+        for kind, n in (("plain", 3), ("spec", 3), ("rows", 2)):
             v = entry.get(kind)
-            ok = isinstance(v, list) and len(v) == 3
-            ok = ok and all(isinstance(x, int | float) and x >= 0 for x in v)
-            if ok and v[0] > 0 and v[1] > 0:
+            ok = isinstance(v, list) and len(v) == n
+            ok = ok and all(isinstance(x, int | float) and math.isfinite(x) and x >= 0 for x in v)
+            if ok and (kind == "rows" or (v[0] > 0 and v[1] > 0)):
                 out[kind] = [float(x) for x in v]
         return out
 

@@ -211,7 +211,9 @@ def settle(
         expected_tokens=proposal.expected_tokens,
     )
     if settings.chooser is not None:  # tree="auto": learn from this step, record the choice
-        rec.choice = settings.chooser.observe(verdict.ranks, len(verdict.accepted), depth)
+        rec.choice = settings.chooser.observe(
+            verdict.ranks, len(verdict.accepted), depth, row=id(seq)
+        )
     return rec
 
 

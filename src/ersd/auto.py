@@ -122,6 +122,15 @@ ROW_PRIOR_TOKENS = 4.0
 #: rows with at least this many predicted drafted tokens count in the spread of the rows'
 #: factors that a run keeps for the next (:meth:`TreeChooser.keep_timing`)
 ROW_SPREAD_AFTER = 8.0
+#: the spread (standard deviation) of rows' factors assumed before any run has measured it,
+#: weighted as :data:`ROW_SPREAD_PRIOR_ROWS` rows against the rows measured since: on the Intel
+#: bf16 pair at batch 8 and T = 0 the slowest of 8 rows accepted 0.6 of the pool's rate, about
+#: 1.42 spreads of 0.28 below the mean; a run that starts its batch drafting pays the draft's
+#: prefill on every row (5% of a 96-token run) before its rows show their rates
+DEFAULT_ROW_SPREAD = 0.25
+ROW_SPREAD_PRIOR_ROWS = 8.0
+#: at most this many rows' weight behind a kept spread (it follows the pair's recent batches)
+ROW_SPREAD_MAX_ROWS = 256.0
 
 
 def batch_finish_seconds(steps: Sequence[float], step_seconds: Callable[[int], float]) -> float:
@@ -139,12 +148,15 @@ def batch_finish_seconds(steps: Sequence[float], step_seconds: Callable[[int], f
     return total
 
 
-def slowest_of(batch: int) -> float:
-    """About the expected largest of ``batch`` standard normal draws (Blom's approximation):
-    how many spreads below the mean the slowest of ``batch`` rows' factors falls."""
+def order_statistics(batch: int) -> list[float]:
+    """About the expected ``k``-th smallest of ``batch`` standard normal draws, ascending
+    (Blom's approximation): where ``batch`` rows' factors fall, in spreads from the mean (the
+    slowest of 8 rows at -1.42).  Symmetric: where a step's cost grows with its rows the batch's
+    mean row decides and the offsets cancel; where it hardly does, the slowest row decides."""
     if batch < 2:
-        return 0.0
-    return NormalDist().inv_cdf((batch - 0.375) / (batch + 0.25))
+        return [0.0] * batch
+    unit = NormalDist()
+    return [unit.inv_cdf((k + 1 - 0.375) / (batch + 0.25)) for k in range(batch)]
 
 
 def _prob(probs: list[Any], depth: int, index: int) -> float:
@@ -517,7 +529,8 @@ class TreeChooser:
         self._longest: int | None = None  # the longest row's context (a batch's), this step
         #: per row of a batch: [accepted, predicted] drafted tokens so far (row_factor)
         self._row_tokens: dict[Any, list[float]] = {}
-        self._row_spread = 0.0  # the spread of rows' factors an earlier run kept (0: none)
+        #: the spread of rows' factors and the rows behind it: the default, or an earlier run's
+        self._row_spread = (DEFAULT_ROW_SPREAD, 0.0)
         self._spreads: list[float] = []  # factors of this run's rows that have left (keep)
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
         self._decided: tuple[tuple[int, int, bool], TreeShape | None] | None = None
@@ -636,7 +649,7 @@ class TreeChooser:
         stored_timing = store.get_timing(self.target, self.draft_model, batch)
         for kind, stored in stored_timing.items():
             if kind == "rows":
-                self._row_spread = stored[0]
+                self._row_spread = (stored[0], stored[1])
             elif self.timing[kind].steps == 0:
                 self.timing[kind].seed(stored)
 
@@ -656,10 +669,21 @@ class TreeChooser:
             if counts[batch] >= KEEP_TIMING_AFTER:
                 keep = {kind: timing.stored()}
                 if kind == "spec" and batch > 1 and len(self._spreads) >= 2:
-                    keep["rows"] = [pstdev(self._spreads), float(len(self._spreads))]
+                    keep["rows"] = list(self.row_spread(pstdev(self._spreads), len(self._spreads)))
                 store.put_timing(self.target, self.draft_model, batch, keep)
                 wrote = True
         return wrote
+
+    def row_spread(self, spread: float | None = None, rows: float = 0.0) -> tuple[float, float]:
+        """The spread of rows' factors and the measured rows behind it: the kept one (or
+        :data:`DEFAULT_ROW_SPREAD`, weighted as :data:`ROW_SPREAD_PRIOR_ROWS` rows) pooled with
+        ``spread`` over ``rows`` more rows (variances weighted by rows)."""
+        old, behind = self._row_spread
+        weight = behind if behind > 0 else ROW_SPREAD_PRIOR_ROWS
+        if spread is None or rows <= 0:
+            return old, behind
+        pooled = math.sqrt((weight * old**2 + rows * spread**2) / (weight + rows))
+        return pooled, min(behind + rows, ROW_SPREAD_MAX_ROWS)
 
     def row_factor(self, row: Any) -> float:
         """A batch row's acceptance relative to the pool's: ``(accepted + W) / (predicted + W)``
@@ -683,18 +707,21 @@ class TreeChooser:
         """The candidates' and plain decoding's rates over the rest of a batch's run (its rows'
         ``(key, tokens left)``): the tokens left over the seconds until the last row is done
         (:func:`batch_finish_seconds`), each row's expected tokens per step scaled by its own
-        acceptance (:meth:`row_factor`) less, for a row with few observations, the spread of
-        rows' factors an earlier run kept times the expected slowest of the batch's rows
-        (:func:`slowest_of`).  A candidate's tokens are restated so that tokens / seconds is
-        that rate (its seconds stay one step's)."""
+        acceptance (:meth:`row_factor`), plus, for a row with few observations, its expected
+        place among the batch's rows (:func:`order_statistics`, the rows ranked by their
+        factors so far) times the spread of rows' factors (:meth:`row_spread`).  A candidate's
+        tokens are restated so that tokens / seconds is that rate (its seconds stay one
+        step's)."""
         left = [max(int(n), 1) for _, n in rows]
         total = float(sum(left))
-        z = slowest_of(len(rows)) * self._row_spread
-        factors = []
-        for key, _ in rows:
-            _, seen = self._row_tokens.get(key, (0.0, 0.0))
+        spread = self._row_spread[0]
+        own = [self.row_factor(key) for key, _ in rows]
+        ranked = sorted(range(len(rows)), key=lambda i: own[i])
+        factors = [0.0] * len(rows)
+        for z, i in zip(order_statistics(len(rows)), ranked, strict=True):
+            seen = self._row_tokens.get(rows[i][0], (0.0, 0.0))[1]
             unsure = ROW_PRIOR_TOKENS / (seen + ROW_PRIOR_TOKENS)
-            factors.append(max(self.row_factor(key) - z * unsure, 0.0))
+            factors[i] = max(own[i] + z * spread * unsure, 0.0)
         plain = total / batch_finish_seconds(left, lambda b: b / self._plain_rate(costs, b))
         out = []
         for spec, shape, tokens, seconds in predicted:
@@ -954,6 +981,7 @@ __all__ = [
     "CANNOT_PAY_RECHECK",
     "CANNOT_PAY_TIMED",
     "CHAIN_LENGTHS",
+    "DEFAULT_ROW_SPREAD",
     "EXPLORE_AFTER",
     "EXPLORE_BUDGET",
     "EXPLORE_PLAIN_AFTER",
@@ -974,8 +1002,8 @@ __all__ = [
     "draft_model_of",
     "expected_tokens",
     "measured_costs",
+    "order_statistics",
     "prepare_costs",
     "sharing",
-    "slowest_of",
     "tunstall_order",
 ]

@@ -9,7 +9,9 @@ few sizes under the current rank profile — the throughput over the batch of ``
     rate(none, B) = B / (target(B, 1) + overhead_plain · B)
 
 and drafts the best one (ties go to no drafting), or rather the smallest tree whose predicted
-rate is within :data:`SMALLER_TREE_WITHIN` of the best (and above no drafting's).  The two inputs:
+rate is within :data:`SMALLER_TREE_WITHIN` of the best (and above no drafting's).  In a batch
+the rates are over the rest of the run, until its slowest row is done (each row's own
+acceptance, rows leaving one by one: :meth:`TreeChooser._finish_rates`).  The two inputs:
 
 * **rank profile** — a calibration or rank-profile file (``auto@FILE``, the file of
   ``ersd bench calibrate``; the profile nearest the sampling temperature), or an online estimate

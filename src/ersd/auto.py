@@ -676,14 +676,12 @@ class TreeChooser:
                 wrote = True
         return wrote
 
-    def row_spread(self, spread: float | None = None, rows: float = 0.0) -> tuple[float, float]:
+    def row_spread(self, spread: float, rows: float) -> tuple[float, float]:
         """The spread of rows' factors and the measured rows behind it: the kept one (or
         :data:`DEFAULT_ROW_SPREAD`, weighted as :data:`ROW_SPREAD_PRIOR_ROWS` rows) pooled with
         ``spread`` over ``rows`` more rows (variances weighted by rows)."""
         old, behind = self._row_spread
         weight = behind if behind > 0 else ROW_SPREAD_PRIOR_ROWS
-        if spread is None or rows <= 0:
-            return old, behind
         pooled = math.sqrt((weight * old**2 + rows * spread**2) / (weight + rows))
         return pooled, min(behind + rows, ROW_SPREAD_MAX_ROWS)
 

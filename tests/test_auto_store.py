@@ -638,6 +638,7 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     first.observe_times(1, 1.5 * d, 1.5 * t, 1.5 * (t + d))
     assert first.timing["spec"].target_ratio == pytest.approx(1.5)
     assert first.keep_timing()
+    assert not first.keep_timing()  # nothing timed since: not written again
     entry = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1)
     assert entry["spec"] == pytest.approx([1.5, 1.5, 0.0]) and "plain" not in entry
     for _ in range(KEEP_TIMING_AFTER):  # plain steps as predicted (else plain borrows 1.5)

@@ -528,6 +528,7 @@ class TreeChooser:
         self.timing = {"plain": StepTiming(), "spec": StepTiming()}
         self._seeded: set[int] = set()  # batch sizes whose stored timing was looked up
         self._timed: dict[tuple[str, int], int] = {}  # steps timed in this run, per kind, batch
+        self._timed_kept: dict[str, tuple[int, int]] = {}  # per kind: (steps, rows) last kept
         self._longest: int | None = None  # the longest row's context (a batch's), this step
         #: per row of a batch: [accepted, predicted] drafted tokens so far (row_factor)
         self._row_tokens: dict[Any, list[float]] = {}
@@ -657,8 +658,9 @@ class TreeChooser:
 
     def keep_timing(self) -> bool:
         """Keep this run's timing corrections in the cost store (:data:`KEEP_TIMING_AFTER`),
-        each kind under the batch size it was timed at most; returns whether anything was
-        written."""
+        each kind under the batch size it was timed at most, unless nothing was timed (and no
+        row left) since it was last kept -- a batch's rows finishing in one step would
+        otherwise write the same entry once per row; returns whether anything was written."""
         store = self.curves.store
         if self.costs is not None or store is None or self.draft_model is None:
             return False
@@ -668,7 +670,9 @@ class TreeChooser:
             if not counts:
                 continue
             batch = max(counts, key=lambda b: counts[b])
-            if counts[batch] >= KEEP_TIMING_AFTER:
+            state = (sum(counts.values()), len(self._spreads))
+            if counts[batch] >= KEEP_TIMING_AFTER and self._timed_kept.get(kind) != state:
+                self._timed_kept[kind] = state
                 keep = {kind: timing.stored()}
                 if kind == "spec" and batch > 1 and len(self._spreads) >= 2:
                     keep["rows"] = list(self.row_spread(pstdev(self._spreads), len(self._spreads)))

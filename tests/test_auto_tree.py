@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -385,6 +386,87 @@ def test_a_depth_is_shrunk_towards_the_other_depths_not_its_own_observations() -
     root, second, _ = p.depth_probs()
     assert second[0] == pytest.approx((1 + 4 * (1 + 4 * 0.85) / 6) / 5)
     assert root[0] == pytest.approx((1 + 4 * (1 + 4 * 0.85) / 5) / 6)
+
+
+def stretches(after_accept: float, after_reject: float, n: int, seed: int) -> list[bool]:
+    """``n`` acceptances as a two-state Markov chain: accepted with ``after_accept`` right after
+    an acceptance, with ``after_reject`` right after a rejection (easy and hard stretches)."""
+    rng, out, last = random.Random(seed), [], True
+    for _ in range(n):
+        last = rng.random() < (after_accept if last else after_reject)
+        out.append(last)
+    return out
+
+
+def test_acceptance_in_stretches_is_estimated_as_a_markov_chain() -> None:
+    """Chain:1 steps in easy and hard stretches (accepted 95% after an acceptance, 20% after a
+    rejection; 80% overall): after a full acceptance the root is estimated from that state's
+    roots, and the unobserved depths below it as right after an accepted token -- not at the
+    roots' mean, which kept the bf16 pair on chain:1 where chain:4 accepted 3.8 tokens per
+    call.  After a rejection the root stays the mean (a plain step decided there would observe
+    nothing).  Without stretches (the same 80%, independent) both states and the depths below
+    estimate the same as before."""
+    markov, iid = OnlineProfile(ranked=False), OnlineProfile(ranked=False)
+    outcomes = stretches(0.95, 0.2, 400, seed=0)
+    mean = sum(outcomes) / len(outcomes)
+    last = None
+    for accepted in outcomes:
+        markov.observe_chain(int(accepted), 1, last)
+        last = accepted
+    easy, hard, unknown = (
+        markov.depth_probs([True]),
+        markov.depth_probs([False]),
+        markov.depth_probs(),
+    )
+    assert easy[0][0] > 0.9
+    assert hard[0][0] == unknown[0][0] == pytest.approx(mean, abs=0.02)  # every root
+    assert len(easy) == 2 and easy[1][0] > 0.9 and unknown[1][0] > 0.9  # below the root
+    rng, last = random.Random(1), None
+    for _ in range(400):
+        accepted = rng.random() < mean
+        iid.observe_chain(int(accepted), 1, last)
+        last = accepted
+    easy, hard = iid.depth_probs([True]), iid.depth_probs([False])
+    assert abs(easy[0][0] - hard[0][0]) < 0.1
+    assert easy[1][0] == pytest.approx(mean, abs=0.05)
+    # a batch's root is the mean over its rows' states (expected tokens are linear in it)
+    both = markov.depth_probs([True, False])[0]
+    assert both == pytest.approx(
+        (markov.depth_probs([True])[0] + markov.depth_probs([False])[0]) / 2
+    )
+
+
+def test_auto_drafts_deeper_in_an_easy_stretch_than_after_a_rejection() -> None:
+    """The chooser keeps each row's state from its last step: with a draft a third of the
+    target's forward (the bf16 pair's), the same observations make it draft a longer chain
+    right after a full acceptance than after a rejection (where it still drafts); independent
+    outcomes at the same rate give the same tree in both states."""
+    third = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.033] * 4)
+    picks = []
+    for outcomes in (stretches(0.95, 0.2, 200, seed=1), None):
+        c = chooser(AutoTree(costs=third), method="specinfer")
+        rng = random.Random(2)
+        for i in range(200):
+            accepted = outcomes[i] if outcomes is not None else rng.random() < 0.8
+            c.observe([], int(accepted), 1)
+        c.observe([], 1, 1)
+        easy = nodes(c.choose([1, 2]))
+        c.observe([], 0, 1)
+        hard = nodes(c.choose([1, 2]))
+        picks.append((easy, hard))
+    (easy, hard), (iid_easy, iid_hard) = picks
+    assert easy >= 4 and easy > hard >= 1
+    assert iid_easy == iid_hard >= 1
+    # in a batch, each row's own state: one row after a rejection drafts a shorter chain
+    c = chooser(AutoTree(costs=third), method="specinfer")
+    for i, accepted in enumerate(stretches(0.95, 0.2, 200, seed=1)):
+        c.observe([], int(accepted), 1, row="a" if i % 2 else "b")
+    c.observe([], 1, 1, row="a")
+    c.observe([], 1, 1, row="b")
+    both_easy = nodes(c.choose([1, 2], batch=2, rows=[("a", 50), ("b", 50)]))
+    c.observe([], 0, 1, row="b")
+    one_hard = nodes(c.choose([1, 2], batch=2, rows=[("a", 50), ("b", 50)]))
+    assert both_easy > one_hard
 
 
 def test_non_ersd_methods_choose_among_chains_only() -> None:

@@ -218,7 +218,7 @@ class OnlineProfile:
       observations made right after an accepted token (depths below the root and the roots in
       state ``True``), which are in turn shrunk towards all.
 
-    Without stretches both states estimate the same and this is the plain per-depth estimate;
+    Without stretches both pools estimate the same and this is the plain per-depth estimate;
     with them, a run drafting short chains in an easy stretch sees that its deeper tokens would
     be accepted as often as its roots after a full acceptance are, instead of as often as its
     roots on average (the bf16 pair on an arithmetic prompt at T = 0 stayed on ``chain:1``,

@@ -469,6 +469,30 @@ def test_auto_drafts_deeper_in_an_easy_stretch_than_after_a_rejection() -> None:
     assert both_easy > one_hard
 
 
+def test_a_depth_the_run_stopped_drafting_goes_stale() -> None:
+    """The steps of the bf16 pair on an arithmetic prompt at T = 0 (chain outcomes as traced):
+    its first hard stretch rejected 4 of 8 depth-2 tokens; it then drafted chain:1, and 31 of
+    its 35 roots after a full acceptance were accepted.  Depth 2 estimated from its own early
+    observations stayed at 0.6, chain:1 stayed best, and depth 2 was never observed again (0.89
+    of chain:4).  Stale, those observations give way to the tokens after an accepted one
+    observed since, and the chooser drafts deeper; the store still gets every observation."""
+    third = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.033] * 4)
+    steps = [(2, 2), (3, 3), (4, 4), (1, 6), (1, 3), (1, 2), (1, 1), (1, 1), (1, 1), (2, 2)]
+    steps += [(1, 2), (1, 1), (1, 1), (0, 1)] + [(1, 1)] * 6 + [(0, 1), (1, 1), (0, 1), (0, 1)]
+    steps += [(1, 1)] * 7 + [(0, 1)] + [(1, 1)] * 14
+    c = chooser(AutoTree(costs=third), method="specinfer")
+    for accepted, depth in steps:
+        c.observe([], accepted, depth)
+    assert c.depth_probs()[1][0] > 0.8  # depth 2: right after an accepted token (0.63 if kept)
+    assert nodes(c.choose([1, 2])) >= 3  # chain:2 if kept (chain:1 under the traced costs)
+    assert c.online is not None and c.online.trials[1] == 8  # what the store gets: all of them
+    # a depth the run goes on drafting keeps its own estimate: depth 2 always rejected
+    p = OnlineProfile(ranked=False)
+    for _ in range(60):
+        p.observe_chain(1, 2, True)
+    assert p.depth_probs([True])[1][0] < 0.1
+
+
 def test_non_ersd_methods_choose_among_chains_only() -> None:
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT), method="specinfer")
     assert all(s.is_chain for s in c.candidates(PROFILE).values())

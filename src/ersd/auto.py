@@ -100,6 +100,12 @@ KEEP_TIMING_AFTER = 4
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
 #: conditions than the run would otherwise bias every later decision towards drafting
 EXPLORE_PLAIN_AFTER = 64
+#: a depth's own observations are multiplied by this at every drafting step whose tree does not
+#: reach it (:class:`OnlineProfile`): what a depth showed in a stretch long past counts less and
+#: less against the observations that go on being made right after accepted tokens, so a depth
+#: a run stopped drafting after a few early rejections is drafted again once the rest of the run
+#: says it should be (half its weight in 6.6 steps)
+STALE_DECAY = 0.9
 #: a verdict that drafting cannot pay by a clear margin (the best rate with every drafted token
 #: accepted at most ``1 - CANNOT_PAY_MARGIN`` of plain decoding's) is kept for
 #: :data:`CANNOT_PAY_RECHECK` steps at the same batch size instead of being recomputed after
@@ -218,6 +224,14 @@ class OnlineProfile:
       observations made right after an accepted token (depths below the root and the roots in
       state ``True``), which are in turn shrunk towards all.
 
+    - **a depth goes stale** while the run drafts trees that do not reach it: its own
+      observations are multiplied by :data:`STALE_DECAY` at each such step, so its estimate
+      returns to the pool.  A depth estimated from a long-past stretch alone would otherwise
+      never be drafted, hence never observed, again: the bf16 pair on an arithmetic prompt at
+      T = 0 saw 4 of 8 depth-2 tokens rejected in its first hard stretch, then drafted
+      ``chain:1`` in 38 of its 48 steps (31 of its 35 roots after a full acceptance accepted)
+      at 0.89 of ``chain:4``.  The store keeps the raw counts.
+
     Without stretches both pools estimate the same and this is the plain per-depth estimate;
     with them, a run drafting short chains in an easy stretch sees that its deeper tokens would
     be accepted as often as its roots after a full acceptance are, instead of as often as its
@@ -246,6 +260,10 @@ class OnlineProfile:
         self.prior = prior
         self.counts: list[np.ndarray] = []  # counts[d][r - 1], depth d + 1
         self.trials: list[int] = []  # observations at depth d + 1 (any rank)
+        #: the same, each depth's multiplied by STALE_DECAY at every drafting step whose tree
+        #: did not reach it: what the estimate uses (the store keeps the raw counts)
+        self.live_counts: list[np.ndarray] = []
+        self.live_trials: list[float] = []
         self.steps = 0  # drafting steps observed
         #: root observations right after a step whose drafts were all accepted (state True);
         #: part of counts[0] / trials[0]
@@ -256,9 +274,21 @@ class OnlineProfile:
         while len(self.trials) <= depth:
             self.counts.append(np.zeros(MAX_RANK))
             self.trials.append(0)
+            self.live_counts.append(np.zeros(MAX_RANK))
+            self.live_trials.append(0.0)
         self.trials[depth] += 1
+        self.live_trials[depth] += 1.0
         if rank is not None and 1 <= rank <= MAX_RANK:
             self.counts[depth][rank - 1] += 1
+            self.live_counts[depth][rank - 1] += 1
+
+    def _age(self, depth: int | None) -> None:
+        """A drafting step whose tree was ``depth`` deep: the depths below it go stale."""
+        if depth is None or depth < 1:
+            return
+        for d in range(depth, len(self.live_trials)):
+            self.live_counts[d] *= STALE_DECAY
+            self.live_trials[d] *= STALE_DECAY
 
     def _add_root(self, state: bool | None, rank: int | None) -> None:
         if not state:
@@ -267,10 +297,14 @@ class OnlineProfile:
         if rank is not None and 1 <= rank <= MAX_RANK:
             self.full_counts[rank - 1] += 1
 
-    def observe_ranks(self, ranks: list[int], state: bool | None = None) -> None:
+    def observe_ranks(
+        self, ranks: list[int], state: bool | None = None, depth: int | None = None
+    ) -> None:
         """Root-down ranks of one step (``StepRecord.ranks``); ``state``: whether the step
-        before drafted and had all its drafts accepted (None: it did not draft, or unknown)."""
+        before drafted and had all its drafts accepted (None: it did not draft, or unknown);
+        ``depth``: the drafted tree's depth (None: not known, nothing goes stale)."""
         self.steps += 1
+        self._age(depth)
         for d, r in enumerate(ranks):
             self._add(d, int(r))
         if ranks:
@@ -280,6 +314,7 @@ class OnlineProfile:
         """A chain of ``depth`` drafted tokens of which ``accepted`` were accepted (``state``:
         as :meth:`observe_ranks`)."""
         self.steps += 1
+        self._age(depth)
         for d in range(min(accepted + 1, depth)):
             self._add(d, 1 if d < accepted else None)
         if depth > 0:
@@ -296,22 +331,23 @@ class OnlineProfile:
         root's estimate almost twice as far as the prior's weight says, and a step that then
         drafts nothing observes nothing more)."""
         w = PRIOR_WEIGHT
-        total = sum(self.counts, np.zeros(MAX_RANK))
-        n_all = sum(self.trials)
-        if not self.trials:
+        counts, trials = self.live_counts, self.live_trials
+        total = sum(counts, np.zeros(MAX_RANK))
+        n_all = sum(trials)
+        if not trials:
             return [(total + w * self.prior) / (n_all + w)]
 
         def pool(c: Any, n: float) -> Any:  # every observation but (c, n), and the prior
             return (total - c + w * self.prior) / (n_all - n + w)
 
         # right after an accepted token: the depths below the root, the roots in state True
-        after = sum(self.counts[1:], self.full_counts.copy())
-        n_after = sum(self.trials[1:]) + self.full_trials
+        after = sum(counts[1:], self.full_counts.copy())
+        n_after = sum(trials[1:]) + self.full_trials
 
         def after_pool(c: Any, n: float) -> Any:
             return (after - c + w * pool(c, n)) / (n_after - n + w)
 
-        c0, n0 = self.counts[0], self.trials[0]
+        c0, n0 = counts[0], trials[0]
         root = (c0 + w * pool(c0, n0)) / (n0 + w)
         rc, rn = self.full_counts, self.full_trials
         full = (rc + w * (c0 - rc + w * pool(c0, n0)) / (n0 - rn + w)) / (rn + w)
@@ -322,7 +358,7 @@ class OnlineProfile:
         roots = [full if s else root for s in (states if states is not None else [None])]
         below = [
             (c + w * after_pool(c, n)) / (n + w)
-            for c, n in zip(self.counts[1:], self.trials[1:], strict=True)
+            for c, n in zip(counts[1:], trials[1:], strict=True)
         ]
         beyond = (after + w * (total + w * self.prior) / (n_all + w)) / (n_after + w)
         return [sum(roots) / len(roots), *below, beyond]
@@ -1048,7 +1084,7 @@ class TreeChooser:
         if self.online is not None and depth > 0:
             self._learned += 1
             if self.ranked:
-                self.online.observe_ranks(ranks, state)
+                self.online.observe_ranks(ranks, state, depth)
             else:
                 self.online.observe_chain(accepted, depth, state)
         after = accepted >= depth if depth > 0 else None
@@ -1074,6 +1110,7 @@ __all__ = [
     "ROW_PRIOR_TOKENS",
     "ROW_SPREAD_AFTER",
     "SMALLER_TREE_WITHIN",
+    "STALE_DECAY",
     "TREE_SIZES",
     "Choice",
     "CurveCache",

@@ -1,0 +1,24 @@
+import json, sys, math, statistics as st
+from collections import defaultdict
+rows=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
+cell=defaultdict(dict)
+for r in rows: cell[(r['prompt'],r['set'],r['temperature'],r['repeat'])][r['config']]=r
+def t95(xs):
+    n=len(xs); m=st.mean(xs)
+    if n<2: return m,float('nan'),float('nan')
+    from scipy.stats import t
+    h=t.ppf(.975,n-1)*st.stdev(xs)/math.sqrt(n); return m,m-h,m+h
+print("prompt T | auto nodecay c4 c6 | auto/nodecay | calls a/i")
+ratios=defaultdict(list); best=defaultdict(lambda: defaultdict(list))
+for k,c in sorted(cell.items()):
+    if len(c)<4: continue
+    a,i,c4,c6=(c[x]['rate'] for x in ('auto','auto-no-decay','chain:4','chain:6'))
+    print(k[0],k[2],"| %.2f %.2f %.2f %.2f | %.3f | %d/%d"%(a,i,c4,c6,a/i,c['auto']['target_calls'],c['auto-no-decay']['target_calls']))
+    ratios[k[2]].append(a/i); ratios['all'].append(a/i)
+    for cfg in ('auto','auto-no-decay','chain:4','chain:6'):
+        best[(k[1],k[2])][cfg].append(c[cfg]['rate'])
+for t,xs in ratios.items(): print("auto/nodecay", t, "n=%d mean %.3f [%.3f, %.3f]"%((len(xs),)+t95(xs)))
+print("category T | auto÷best fixed | nodecay÷best fixed (best by mean)")
+for (s,t),d in sorted(best.items()):
+    b=max(('chain:4','chain:6'),key=lambda x: st.mean(d[x]))
+    print(s,t,b,"%.3f %.3f"%(st.mean([x/y for x,y in zip(d['auto'],d[b])]),st.mean([x/y for x,y in zip(d['auto-no-decay'],d[b])])))

@@ -31,6 +31,8 @@ FLAT = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.001] * 4)
 STEEP = CostModel(
     sizes=SIZES, target=[0.063, 0.110, 0.214, 0.472], draft=[0.030, 0.053, 0.082, 0.155]
 )
+#: a flat target curve and a draft forward a third of the target's (the Intel bf16 pair's)
+THIRD = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.033] * 4)
 #: linear in the tokens of one forward (no batch curves: B rows of s tokens = B·s tokens)
 LINEAR = CostModel(sizes=SIZES, target=[0.05 + 0.005 * s for s in SIZES], draft=[0.001] * 4)
 
@@ -441,10 +443,9 @@ def test_auto_drafts_deeper_in_an_easy_stretch_than_after_a_rejection() -> None:
     target's forward (the bf16 pair's), the same observations make it draft a longer chain
     right after a full acceptance than after a rejection (where it still drafts); independent
     outcomes at the same rate give the same tree in both states."""
-    third = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.033] * 4)
     picks = []
     for outcomes in (stretches(0.95, 0.2, 200, seed=1), None):
-        c = chooser(AutoTree(costs=third), method="specinfer")
+        c = chooser(AutoTree(costs=THIRD), method="specinfer")
         rng = random.Random(2)
         for i in range(200):
             accepted = outcomes[i] if outcomes is not None else rng.random() < 0.8
@@ -458,7 +459,7 @@ def test_auto_drafts_deeper_in_an_easy_stretch_than_after_a_rejection() -> None:
     assert easy >= 4 and easy > hard >= 1
     assert iid_easy == iid_hard >= 1
     # in a batch, each row's own state: one row after a rejection drafts a shorter chain
-    c = chooser(AutoTree(costs=third), method="specinfer")
+    c = chooser(AutoTree(costs=THIRD), method="specinfer")
     for i, accepted in enumerate(stretches(0.95, 0.2, 200, seed=1)):
         c.observe([], int(accepted), 1, row="a" if i % 2 else "b")
     c.observe([], 1, 1, row="a")
@@ -476,11 +477,10 @@ def test_a_depth_the_run_stopped_drafting_goes_stale() -> None:
     observations stayed at 0.6, chain:1 stayed best, and depth 2 was never observed again (0.89
     of chain:4).  Stale, those observations give way to the tokens after an accepted one
     observed since, and the chooser drafts deeper; the store still gets every observation."""
-    third = CostModel(sizes=SIZES, target=[0.1] * 4, draft=[0.033] * 4)
     steps = [(2, 2), (3, 3), (4, 4), (1, 6), (1, 3), (1, 2), (1, 1), (1, 1), (1, 1), (2, 2)]
     steps += [(1, 2), (1, 1), (1, 1), (0, 1)] + [(1, 1)] * 6 + [(0, 1), (1, 1), (0, 1), (0, 1)]
     steps += [(1, 1)] * 7 + [(0, 1)] + [(1, 1)] * 14
-    c = chooser(AutoTree(costs=third), method="specinfer")
+    c = chooser(AutoTree(costs=THIRD), method="specinfer")
     for accepted, depth in steps:
         c.observe([], accepted, depth)
     assert c.depth_probs()[1][0] > 0.8  # depth 2: right after an accepted token (0.63 if kept)

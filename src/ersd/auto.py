@@ -222,8 +222,7 @@ class OnlineProfile:
       step decided on that state's own estimate would observe nothing to correct it;
     - depths below the root, and the depths below the deepest observed, are shrunk towards the
       observations made right after an accepted token (depths below the root and the roots in
-      state ``True``), which are in turn shrunk towards all.
-
+      state ``True``), which are in turn shrunk towards all;
     - **a depth goes stale** while the run drafts trees that do not reach it: its own
       observations are multiplied by :data:`STALE_DECAY` at each such step, so its estimate
       returns to the pool.  A depth estimated from a long-past stretch alone would otherwise
@@ -235,8 +234,9 @@ class OnlineProfile:
     Without stretches both pools estimate the same and this is the plain per-depth estimate;
     with them, a run drafting short chains in an easy stretch sees that its deeper tokens would
     be accepted as often as its roots after a full acceptance are, instead of as often as its
-    roots on average (the bf16 pair on an arithmetic prompt at T = 0 stayed on ``chain:1``,
-    with 78% of its roots accepted, where ``chain:4`` accepted 3.8 tokens per call).
+    roots on average (under that independent estimate, the bf16 pair on an arithmetic prompt
+    at T = 0 stayed on ``chain:1``, with 78% of its roots accepted, where ``chain:4`` accepted
+    3.8 tokens per call).
     """
 
     def __init__(

@@ -83,8 +83,14 @@ def test_a_curve_is_measured_once_and_read_back_by_a_later_process(tmp_path) -> 
 
 @pytest.mark.parametrize(
     "changed",
-    [{"cpu_flags": "bbbb"}, {"cpu": "Other CPU"}, {"torch": "2.14.0"}, {"torch_threads": 4}],
-    ids=["cpu-flags", "cpu", "build", "threads"],
+    [
+        {"cpu_flags": "bbbb"},
+        {"cpu": "Other CPU"},
+        {"torch": "2.14.0"},
+        {"torch_threads": 4},
+        {"curve_rounds": "blocked x2"},
+    ],
+    ids=["cpu-flags", "cpu", "build", "threads", "older-measuring"],
 )
 def test_a_stale_curve_is_remeasured_never_trusted(tmp_path, changed) -> None:
     model = Described("test/a")

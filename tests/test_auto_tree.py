@@ -129,6 +129,36 @@ def test_measure_costs_batched_and_serial_fallback() -> None:
     assert batched == 6 and serial == 3 + 3 * 3
 
 
+def test_a_slow_stretch_of_the_machine_does_not_reshape_a_measured_curve(monkeypatch) -> None:
+    """Forwards cost 0.1 s + 0.01 s per token on a fake clock, but three forwards in a row take
+    three times as long (another process on a shared machine).  Timed in rounds, the stretch
+    touches three sizes once each and the medians drop it: the curve is the true one.  (Timed
+    size by size it fell on one size three times out of six, and that size came out 3x.)"""
+    import ersd.costs as costs_mod
+    import ersd.models.batch as batch_mod
+
+    model = table_model(V, seed=0)
+    clock = [0.0]
+    calls = [0]
+    real = batch_mod.score_many
+
+    def score_many(model_, sessions, calls_):
+        calls[0] += 1
+        n = len(calls_[0][0]) + 1
+        slow = 3.0 if 10 <= calls[0] < 13 else 1.0  # call 1 is the prefill
+        clock[0] += slow * (0.1 + 0.01 * n)
+        return real(model_, sessions, calls_)
+
+    monkeypatch.setattr(batch_mod, "score_many", score_many)
+    monkeypatch.setattr(costs_mod.time, "perf_counter", lambda: clock[0])
+    sizes = [1, 2, 4, 8, 16]
+    curve = costs_mod.measure_curve(model, [1, 2, 3], sizes, repeats=5)
+    assert calls[0] == 1 + 6 * len(sizes)
+    assert curve == pytest.approx([0.1 + 0.01 * s for s in sizes])
+    with pytest.raises(CostModelError, match="repeats >= 1"):
+        costs_mod.measure_curve(model, [1, 2, 3], sizes, repeats=0)
+
+
 def test_bench_reexports_the_library_cost_model_and_library_never_imports_bench() -> None:
     import ersd.bench.costs as bench_costs
     import ersd.costs as lib_costs
@@ -185,6 +215,45 @@ def test_measured_step_times_correct_the_choice() -> None:
     c.choose([1], batch=4)
     c.observe_times(2, 0.0, 100 * plain, 100 * plain)
     assert c.timing["plain"].steps == 1
+
+
+def test_the_target_ratio_per_forward_size_straightens_a_bent_curve() -> None:
+    """A stored curve that rises from 4 to 16 tokens (a noisy measurement) where the target
+    really costs 0.255 s at every size: one ratio over every size cannot fit chain:1 and
+    chain:8 at once, the ratio per forward size fits each size the run has timed -- and the
+    choice moves to the longer chain that acceptance 0.94 favours."""
+    bent = CostModel(sizes=[1, 2, 4, 8, 16], target=[0.26, 0.26, 0.27, 0.31, 0.34], draft=[0.1] * 5)
+    true = 0.255
+    m = get_method("ersd")
+
+    def timed(rounds: int) -> TreeChooser:
+        c = TreeChooser(AutoTree(profile=[[0.94]], costs=bent), None, None, m, m, 0.0)
+        c.choose([1], batch=1)
+        for _ in range(rounds):
+            for k in range(1, 9):
+                c.choose([1], batch=1)
+                c.observe_times(1, 0.1 * k, true, true + 0.1 * k, step=TreeShape.chain(k))
+        c.choose([1], batch=1)
+        return c
+
+    def errors(c: TreeChooser) -> list[float]:
+        chains = [TreeShape.chain(k) for k in range(1, 9)]
+        return [c._step_time(bent, s, 1) / (true + 0.1 * s.num_nodes) - 1 for s in chains]
+
+    untimed = timed(0)
+    assert untimed.last is not None and untimed.last.tree == "chain:3"
+    assert max(errors(untimed)) > 0.04  # chain:8's target forward read off the bend
+    c = timed(2)
+    assert max(abs(e) for e in errors(c)) < 0.02
+    assert c.last is not None and c.last.tree == "chain:4"
+    spec = c.timing["spec"]
+    assert spec.sizes[9, 1][1] == 2 and spec.sizes[9, 1][0] == pytest.approx(
+        true / bent.target_cost(9)
+    )
+    # one ratio over every size (a size's own never weighed in) is off by 2-3% somewhere
+    for entry in spec.sizes.values():
+        entry[1] = 0
+    assert max(abs(e) for e in errors(c)) > 0.05
 
 
 def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_steps() -> None:

@@ -52,14 +52,20 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist, pstdev
 from typing import Any
 
 import numpy as np
 
 from ersd.cost_store import CostStore
-from ersd.costs import DEFAULT_SIZES, CostModel, CostModelError, measure_curve
+from ersd.costs import (
+    DEFAULT_SIZES,
+    MEASURE_REPEATS,
+    CostModel,
+    CostModelError,
+    measure_curve,
+)
 from ersd.errors import ErsdError, InvalidTreeSpecError, UnsupportedTreeError
 from ersd.theory import expected_block_efficiency_by_depth
 from ersd.theory.profile import RankProfileError, load_profiles, tree_depth_probs
@@ -79,6 +85,11 @@ TREE_SIZES = (2, 3, 4, 6, 8, 12, 16)
 MEASURE_PROMPT_TOKENS = 64
 #: weight of the newest step in the online timing correction (exponential moving average)
 TIMING_EMA = 0.25
+#: pseudo-steps of the target's ratio over every forward size behind a size's own ratio
+#: (:meth:`StepTiming.target_at`): measured curves of a flat bf16 target rose 0.26 -> 0.30 s
+#: from 3 to 7 tokens where its steps took 0.253-0.257 s throughout, so one ratio over-predicted
+#: chain:6's target forward by 10% where it fitted chain:2's
+SIZE_PRIOR_STEPS = 0.5
 #: after this many steps in a row without drafting, draft the best tree once (exploration) --
 #: if drafting could pay at all, and within :data:`EXPLORE_BUDGET`
 EXPLORE_AFTER = 16
@@ -446,7 +457,7 @@ class CurveCache:
             self.measurements += 1
             t0 = time.perf_counter()
             curves[key] = measure_curve(
-                model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch, repeats=2
+                model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch
             )
             self.measure_seconds += time.perf_counter() - t0
             if self.store is not None:
@@ -457,7 +468,8 @@ class CurveCache:
 def _measure_prompt(model: Any, context: list[int]) -> list[int]:
     keep = MEASURE_PROMPT_TOKENS
     window = getattr(model, "max_length", None)
-    room = len(DEFAULT_SIZES) * 3 + max(DEFAULT_SIZES) + 2  # committed timings + the largest call
+    # committed timings + the largest call
+    room = len(DEFAULT_SIZES) * (MEASURE_REPEATS + 1) + max(DEFAULT_SIZES) + 2
     if window is not None:
         keep = min(keep, window - room)
     return context[-max(keep, 1) :]
@@ -506,12 +518,17 @@ def prepare_costs(
 class StepTiming:
     """Online correction of the predicted step time for one kind of step (drafting or not):
     measured / predicted forward seconds of the target and the draft, and seconds per row
-    outside the forwards — exponential moving averages (weight :data:`TIMING_EMA`)."""
+    outside the forwards — exponential moving averages (weight :data:`TIMING_EMA`).  The
+    target's ratio is kept per forward size too (:meth:`target_at`): one ratio scales a curve,
+    and a curve whose shape is off (a noisy point, kept in the store for every later run) would
+    otherwise rank trees of different sizes wrongly for good."""
 
     target_ratio: float = 1.0
     draft_ratio: float = 1.0
     overhead: float | None = None  # seconds per row per step outside forwards (None: not seen)
     steps: int = 0
+    #: per (target tokens per row, rows) of a timed step: [its target ratio, its steps]
+    sizes: dict[tuple[int, int], list[float]] = field(default_factory=dict)
 
     def seed(self, stored: list[float]) -> None:
         """Start from a stored correction ``[target ratio, draft ratio, overhead]`` (of an
@@ -523,13 +540,29 @@ class StepTiming:
     def stored(self) -> list[float]:
         return [self.target_ratio, self.draft_ratio, self.overhead or 0.0]
 
-    def update(self, target: float, draft: float, overhead: float) -> None:
+    def update(
+        self, target: float, draft: float, overhead: float, size: tuple[int, int] | None = None
+    ) -> None:
         w = 1.0 if self.steps == 0 else TIMING_EMA
         self.target_ratio += w * (target - self.target_ratio)
         self.draft_ratio += w * (draft - self.draft_ratio)
         old = overhead if self.overhead is None else self.overhead
         self.overhead = old + w * (overhead - old)
         self.steps += 1
+        if size is not None:  # a mean over the size's first steps, then the same EMA
+            entry = self.sizes.setdefault(size, [target, 0])
+            entry[1] += 1
+            entry[0] += max(1 / entry[1], TIMING_EMA) * (target - entry[0])
+
+    def target_at(self, size: tuple[int, int]) -> float:
+        """The target's ratio for a forward of ``size`` (tokens per row, rows): the size's own
+        where this run timed it, shrunk towards the ratio over every size by
+        :data:`SIZE_PRIOR_STEPS` pseudo-steps; else the ratio over every size."""
+        entry = self.sizes.get(size)
+        if entry is None:
+            return self.target_ratio
+        n = min(entry[1], 1 / TIMING_EMA)  # an EMA holds about 1 / weight steps
+        return (n * entry[0] + SIZE_PRIOR_STEPS * self.target_ratio) / (n + SIZE_PRIOR_STEPS)
 
 
 def sharing(auto: AutoTree, curves: CurveCache) -> AutoTree:
@@ -719,22 +752,24 @@ class TreeChooser:
         overhead = t.overhead
         if overhead is None:  # not timed yet: at least what a plain step spends outside its
             overhead = max(costs.overhead, plain.overhead or 0.0)  # forward (it does all that)
-        return self._target_ratio("spec") * target + t.draft_ratio * draft + overhead * batch
+        ratio = self._target_ratio("spec", (shape.num_nodes + 1, batch))
+        return ratio * target + t.draft_ratio * draft + overhead * batch
 
-    def _target_ratio(self, kind: str) -> float:
-        """The target's measured / predicted forward time for ``kind`` of step; a kind not timed
-        yet borrows the other kind's (one model, one machine: a curve measured in other
-        conditions is off for both alike)."""
+    def _target_ratio(self, kind: str, size: tuple[int, int] = (1, 1)) -> float:
+        """The target's measured / predicted forward time for ``kind`` of step with ``size``
+        (tokens per row, rows: :meth:`StepTiming.target_at`); a kind not timed yet borrows
+        the other kind's (one model, one machine: a curve measured in other conditions is off
+        for both alike)."""
         own = self.timing[kind]
         other = self.timing["plain" if kind == "spec" else "spec"]
-        return own.target_ratio if own.steps or not other.steps else other.target_ratio
+        return (own if own.steps or not other.steps else other).target_at(size)
 
     def _plain_rate(self, costs: CostModel, batch: int) -> float:
         """Predicted tokens/s over the batch without drafting, corrected likewise."""
         t = self.timing["plain"]
         overhead = costs.overhead_plain if t.overhead is None else t.overhead
         return batch / (
-            self._target_ratio("plain") * costs.target_cost(1, batch) + overhead * batch
+            self._target_ratio("plain", (1, batch)) * costs.target_cost(1, batch) + overhead * batch
         )
 
     def _unseen(self, context: list[int]) -> int:
@@ -1027,14 +1062,16 @@ class TreeChooser:
         if shape is None:
             kind = "plain"
             predicted_target = costs.target_cost(1, batch)
-            self.timing["plain"].update(target / max(predicted_target, 1e-9), 1.0, overhead)
+            ratio = target / max(predicted_target, 1e-9)
+            self.timing["plain"].update(ratio, 1.0, overhead, (1, batch))
         elif self._catchup > 2:  # the draft's forwards fed tokens of plain steps (or its
             return  # prompt: lazy prefill): not what a drafting step costs
         else:
             kind = "spec"
             pt, pd = self._forward_parts(costs, shape, batch)
             dr = draft / pd if pd > 0 else 1.0
-            self.timing["spec"].update(target / max(pt, 1e-9), dr, overhead)
+            size = (shape.num_nodes + 1, batch)
+            self.timing["spec"].update(target / max(pt, 1e-9), dr, overhead, size)
         self._timed[kind, batch] = self._timed.get((kind, batch), 0) + 1
         self._learned += 1  # the decision may change
 
@@ -1109,6 +1146,7 @@ __all__ = [
     "PRIOR_WEIGHT",
     "ROW_PRIOR_TOKENS",
     "ROW_SPREAD_AFTER",
+    "SIZE_PRIOR_STEPS",
     "SMALLER_TREE_WITHIN",
     "STALE_DECAY",
     "TREE_SIZES",

@@ -74,8 +74,11 @@ def _cpu() -> tuple[str, str]:
 
 
 def environment() -> dict[str, Any]:
-    """What a measured curve depends on besides the model: CPU, builds, thread count."""
+    """What a measured curve depends on besides the model: CPU, builds, thread count, and how
+    the curve was measured (a curve of an older way of measuring is measured again)."""
     import torch
+
+    from ersd.costs import MEASURE_REPEATS
 
     name, flags = _cpu()
     return {
@@ -86,6 +89,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "curve_rounds": f"interleaved x{MEASURE_REPEATS}",
     }
 
 

@@ -44,6 +44,11 @@ from ersd.tree import TreeShape
 #: extrapolated from the 4 → 8 slope (on a 2-core CPU that slope under-predicted a 17-token
 #: float32 forward by 12% and made the large trees look cheaper than they are)
 DEFAULT_SIZES = (1, 2, 4, 8, 16)
+#: timed rounds per measured curve (after one warm-up round): with two, one slow stretch of a
+#: shared machine could leave its mark on a size or two (a bf16 1.5B target measured 0.31 s and
+#: 0.34 s at 8 and 16 tokens, where its steps of 1-7 tokens took 0.25-0.26 s), and a curve is
+#: kept in the cost store for every later run
+MEASURE_REPEATS = 5
 
 
 class CostModelError(ErsdError):
@@ -281,7 +286,7 @@ def measure_curve(
     sizes: Sequence[int] = DEFAULT_SIZES,
     *,
     batch: int = 1,
-    repeats: int = 2,
+    repeats: int = MEASURE_REPEATS,
 ) -> list[float]:
     """Median seconds of one forward of ``model`` with ``s`` new tokens in each of ``batch`` fresh
     sessions of ``prompt``, for ``s`` in ``sizes``.
@@ -290,6 +295,9 @@ def measure_curve(
     token plus ``s - 1`` chained nodes (one :func:`~ersd.models.batch.score_many`), then each row
     commits one token, so the context grows by one per timing and stays near the prompt length
     (the prompt plus ``len(sizes) · (repeats + 1) + 1`` tokens must fit the model's window).
+    The sizes are timed in rounds, one forward of each per round (the first round is a warm-up),
+    so a slow stretch of the machine touches every size alike -- the online correction scales
+    a curve, it cannot reshape one -- and the median over rounds drops it.
     The sessions are dropped afterwards: nothing touches any generation's state.
     """
     from ersd.models.batch import score_many
@@ -297,24 +305,24 @@ def measure_curve(
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise CostModelError("measuring forward costs needs a non-empty prompt")
+    if repeats < 1:
+        raise CostModelError(f"measuring forward costs needs repeats >= 1, got {repeats}")
     sessions = [model.start(list(prompt)) for _ in range(batch)]
     score_many(model, sessions, [([], [])] * batch)
     tok = prompt[-1]
     for s in sessions:
         s.commit([tok], [])
-    med = []
-    for size in sizes:
-        nodes = int(size) - 1
-        call = ([tok] * nodes, list(range(-1, nodes - 1)))
-        times = []
-        for _ in range(repeats + 1):  # the first one is a warm-up for this shape
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats + 1):
+        for i, size in enumerate(sizes):
+            nodes = int(size) - 1
+            call = ([tok] * nodes, list(range(-1, nodes - 1)))
             t0 = time.perf_counter()
             score_many(model, sessions, [call] * batch)
-            times.append(time.perf_counter() - t0)
+            times[i].append(time.perf_counter() - t0)
             for s in sessions:
                 s.commit([tok], [])
-        med.append(statistics.median(times[1:]))
-    return med
+    return [statistics.median(t[1:]) for t in times]
 
 
 def measure_costs(
@@ -322,7 +330,7 @@ def measure_costs(
     draft: Any,
     prompt: Sequence[int],
     sizes: Sequence[int] = DEFAULT_SIZES,
-    repeats: int = 2,
+    repeats: int = MEASURE_REPEATS,
     batch_sizes: Sequence[int] = (),
 ) -> CostModel:
     """Forward-cost curves of a target and a draft model (:func:`measure_curve`).
@@ -348,6 +356,7 @@ def measure_costs(
 
 __all__ = [
     "DEFAULT_SIZES",
+    "MEASURE_REPEATS",
     "CostModel",
     "CostModelError",
     "TreePrediction",

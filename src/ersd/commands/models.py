@@ -221,7 +221,7 @@ def calibrate_cmd(
             if model is None:
                 continue
             for b in sizes:
-                curve = measure_curve(model, prompts[0][-64:], DEFAULT_SIZES, batch=b, repeats=2)
+                curve = measure_curve(model, prompts[0][-64:], DEFAULT_SIZES, batch=b)
                 store.put_curve(model, b, DEFAULT_SIZES, curve)
                 curves.setdefault(role, {})[b] = curve
         profiles: dict[float, dict[str, Any]] = {}

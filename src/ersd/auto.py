@@ -27,8 +27,9 @@ acceptance, rows leaving one by one: :meth:`TreeChooser._finish_rates`).  The tw
   rows; ``AutoTree(costs=cache)`` shares one across generations).
 
 The cost curves are corrected online from the run's own steps (:class:`StepTiming`): the ratio
-of each measured target and draft forward time to its prediction, and the time per row outside
-the forwards, for drafting and non-drafting steps separately (exponential moving averages).  So
+of each measured target and draft forward time to its prediction (the target's per forward size
+too, where the run timed that size), and the time per row outside the forwards, for drafting and
+non-drafting steps separately (exponential moving averages).  So
 the prediction includes the engine's own overhead and the real context length, and a tree that
 does not pay in this run gives way to a shorter one or to no drafting.  Steps whose forwards
 included a prompt's prefill are not learned from; after :data:`EXPLORE_AFTER` steps in a row
@@ -88,7 +89,7 @@ TIMING_EMA = 0.25
 #: pseudo-steps of the target's ratio over every forward size behind a size's own ratio
 #: (:meth:`StepTiming.target_at`): measured curves of a flat bf16 target rose 0.26 -> 0.30 s
 #: from 3 to 7 tokens where its steps took 0.253-0.257 s throughout, so one ratio over-predicted
-#: chain:6's target forward by 10% where it fitted chain:2's
+#: chain:6's target forward by 11% where it fitted chain:2's
 SIZE_PRIOR_STEPS = 0.5
 #: after this many steps in a row without drafting, draft the best tree once (exploration) --
 #: if drafting could pay at all, and within :data:`EXPLORE_BUDGET`

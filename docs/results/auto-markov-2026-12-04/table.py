@@ -3,7 +3,7 @@ from collections import defaultdict
 # usage: table.py LOG [VARIANT LABEL] -- the A/B's other auto configuration (default: this
 # folder's auto-independent), as the ab.py runs of auto-markov-depths and auto-stale-depth name it
 V,L=(sys.argv[2],sys.argv[3]) if len(sys.argv)>3 else ('auto-independent','indep')
-rows=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
+rows=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"prompt"')]
 cell=defaultdict(dict)
 for r in rows: cell[(r['prompt'],r['set'],r['temperature'],r['repeat'])][r['config']]=r
 def t95(xs):

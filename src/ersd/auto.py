@@ -458,7 +458,7 @@ class CurveCache:
             self.measurements += 1
             t0 = time.perf_counter()
             curves[key] = measure_curve(
-                model, _measure_prompt(model, context), DEFAULT_SIZES, batch=batch
+                model, measure_prompt(model, context), DEFAULT_SIZES, batch=batch
             )
             self.measure_seconds += time.perf_counter() - t0
             if self.store is not None:
@@ -466,7 +466,10 @@ class CurveCache:
         return curves[key]
 
 
-def _measure_prompt(model: Any, context: list[int]) -> list[int]:
+def measure_prompt(model: Any, context: list[int]) -> list[int]:
+    """The tokens a curve of ``model`` is measured on: ``context``'s last
+    :data:`MEASURE_PROMPT_TOKENS`, fewer if the model's window would not hold them and the
+    timed forwards (:func:`~ersd.costs.measure_curve`)."""
     keep = MEASURE_PROMPT_TOKENS
     window = getattr(model, "max_length", None)
     # committed timings + the largest call
@@ -1159,6 +1162,7 @@ __all__ = [
     "batch_finish_seconds",
     "draft_model_of",
     "expected_tokens",
+    "measure_prompt",
     "measured_costs",
     "order_statistics",
     "prepare_costs",

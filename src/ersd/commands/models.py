@@ -190,7 +190,7 @@ def calibrate_cmd(
 
     Measures again whatever is stored; entries from another CPU, build or thread count are
     replaced. ``$ERSD_COST_STORE`` moves the store (``off``: no store, nothing is kept)."""
-    from ersd.auto import draft_model_of
+    from ersd.auto import draft_model_of, measure_prompt
     from ersd.cost_store import CostStore
     from ersd.costs import DEFAULT_SIZES, measure_curve
 
@@ -220,8 +220,9 @@ def calibrate_cmd(
         for role, model in (("target", pair.target), ("draft", draft)):
             if model is None:
                 continue
+            prompt = measure_prompt(model, prompts[0])
             for b in sizes:
-                curve = measure_curve(model, prompts[0][-64:], DEFAULT_SIZES, batch=b)
+                curve = measure_curve(model, prompt, DEFAULT_SIZES, batch=b)
                 store.put_curve(model, b, DEFAULT_SIZES, curve)
                 curves.setdefault(role, {})[b] = curve
         profiles: dict[float, dict[str, Any]] = {}

@@ -562,6 +562,94 @@ def test_a_depth_the_run_stopped_drafting_goes_stale() -> None:
     assert p.depth_probs([True])[1][0] < 0.1
 
 
+def test_an_observation_below_a_full_acceptance_counts_at_its_depth() -> None:
+    """``observe_beyond``: the bonus token one depth below a fully accepted path, at its depth
+    (a rank for ERSD, accepted or not for the other methods at temperature 0); no step, so
+    nothing goes stale.  Auto then drafts deeper in an easy stretch of short chains than it
+    does without those observations; a method whose acceptance is random at T > 0 learns
+    nothing from them."""
+    ranked = OnlineProfile(ranked=True)
+    for _ in range(50):
+        ranked.observe_ranks([1], True, depth=1)
+        ranked.observe_beyond(2, 3)
+    assert ranked.trials == [50, 50] and ranked.steps == 50 and ranked.counts[1][2] == 50
+    assert ranked.depth_probs([True])[1][2] > 0.6  # depth 2: rank 3 (0.05 from the prior)
+    chain = OnlineProfile(ranked=False)
+    chain.observe_beyond(2, 2)
+    chain.observe_beyond(3, 1)
+    chain.observe_beyond(1, 1)  # the root is never below a path: ignored
+    assert chain.trials == [0, 1, 1] and chain.counts[1].sum() == 0 and chain.counts[2][0] == 1
+
+    def after_easy_stretch(beyond: bool) -> int:
+        c = chooser(AutoTree(costs=THIRD))
+        for _ in range(6):
+            c.observe([1], 1, 1)
+            if beyond:
+                c.observe_beyond(2, 1)
+        return nodes(c.choose([1, 2]))
+
+    assert after_easy_stretch(True) > after_easy_stretch(False) >= 1
+    random_accepts = TreeChooser(AutoTree(costs=THIRD), None, None, *[get_method("sd")] * 2, 1.0)
+    assert not random_accepts.learns_beyond and chooser(AutoTree(costs=THIRD)).learns_beyond
+
+
+@pytest.mark.parametrize("method, temperature", [("ersd", 1.0), ("specinfer", 0.0)])
+def test_the_bonus_below_a_fully_accepted_chain_is_observed_as_drafting_it_would_have(
+    pair, monkeypatch, method: str, temperature: float
+) -> None:
+    """After a step whose chain was accepted to its end, the next step's first draft forward
+    gives the draft's row at the bonus token too: auto learns the rank that drafting one depth
+    deeper would have observed (ERSD: the bonus token's rank in the draft's race; temperature
+    0: whether it is the draft's top token).  Every observation equals that rank re-derived from
+    the final text (its race key and a fresh draft forward), and not all are rank 1."""
+    from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.race import STREAM_RACE, RaceNoise, extend_key_many, race_rank, root_key
+
+    monkeypatch.setattr(ersd.auto, "TREE_SIZES", ())  # chains only: a leaf is the chain's end
+    monkeypatch.setattr(TreeChooser, "observe_times", lambda self, *a, **k: None)
+    seen: list[tuple[int, int | None]] = []
+    real = TreeChooser.observe_beyond
+
+    def spy(self: TreeChooser, depth: int, rank: int | None) -> None:
+        seen.append((depth, rank))
+        real(self, depth, rank)
+
+    monkeypatch.setattr(TreeChooser, "observe_beyond", spy)
+    target, draft = pair
+    prompt, seed = [4, 5], 3
+    res = ersd.generate(
+        target,
+        draft,
+        prompt,
+        max_new_tokens=160,
+        seed=seed,
+        temperature=temperature,
+        method=method,
+        tree=AutoTree(costs=THIRD),
+    )
+    text, noise, params = res.tokens, RaceNoise(V), SamplingParams(temperature)
+    expected: list[tuple[int, int | None]] = []
+    at, bonus = 0, None
+    for s in res.steps:
+        if bonus is not None and s.num_draft_tokens:  # this step's draft saw the last bonus
+            depth, pos = bonus
+            logits = draft.logits([prompt + text[:pos]])[0]
+            if method == "ersd":
+                key = extend_key_many(root_key(seed, prompt), text[:pos])
+                q = logits_to_probs(logits, params)
+                rank: int | None = race_rank(q, noise.exponentials(key, STREAM_RACE), text[pos])
+                rank = rank if rank <= 8 else None
+            else:
+                rank = 1 if int(logits.argmax()) == text[pos] else None
+            expected.append((depth, rank))
+        bonus = None
+        if s.num_draft_tokens and s.num_accepted == s.tree_depth < len(s.tokens):
+            bonus = (s.num_accepted + 1, at + s.num_accepted)
+        at += len(s.tokens)
+    assert seen == expected
+    assert len(seen) >= 5 and any(r != 1 for _, r in seen), seen
+
+
 def test_non_ersd_methods_choose_among_chains_only() -> None:
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT), method="specinfer")
     assert all(s.is_chain for s in c.candidates(PROFILE).values())

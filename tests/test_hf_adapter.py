@@ -90,6 +90,35 @@ def test_commit_of_every_token_keeps_the_root_row(model: Any) -> None:
     chk.score([6, 7], [-1, -1])
 
 
+@pytest.mark.parametrize("attention", ["mask", "paths"])
+def test_score_previous_gives_the_row_before_the_root_where_the_call_feeds_it(
+    model: Any, attention: str
+) -> None:
+    """A fully accepted chain's last token and its bonus are both fed by the next call: the row
+    before the root then comes with it (the logits after ``committed[:-1]``) and every other
+    row is :meth:`score`'s; with one token to feed there is no such row to give."""
+    hm = from_pretrained_model(model, tree_attention=attention)
+    sess = hm.start([3, 1, 4, 1, 5])
+    sess.score([9, 2], [-1, 0])  # a chain of two: 9 fed, 2 drafted below it, not fed yet
+    sess.commit([9, 2, 6], [0])  # both accepted, 6 the bonus: 2 and 6 are the unfed tail
+    other = hm.start([3, 1, 4, 1, 5, 9, 2, 6])
+    rows, previous = sess.score_previous([7], [-1])
+    assert previous is not None
+    torch.testing.assert_close(
+        previous, plain_logits(model, [3, 1, 4, 1, 5, 9, 2]), atol=ATOL, rtol=0
+    )
+    torch.testing.assert_close(rows, other.score([7], [-1]), atol=ATOL, rtol=0)
+    sess.commit([7, 8], [0])
+    rows, previous = sess.score_previous([], [])
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 7, 8]
+    torch.testing.assert_close(rows[0], plain_logits(model, seq), atol=ATOL, rtol=0)
+    if attention == "mask":  # 7 was cached when scored: one unfed token, no row before the root
+        assert previous is None
+    else:  # paths cache no tree node: 7 is fed again, and its row comes back
+        assert previous is not None
+        torch.testing.assert_close(previous, plain_logits(model, seq[:-1]), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_paths_fallback_matches(seed: int) -> None:
     model = MODELS["llama-sdpa"]()

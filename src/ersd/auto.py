@@ -332,6 +332,17 @@ class OnlineProfile:
         if depth > 0:
             self._add_root(state, 1 if accepted > 0 else None)
 
+    def observe_beyond(self, depth: int, rank: int | None) -> None:
+        """The bonus token one depth below a fully accepted path of ``depth - 1`` drafts, and its
+        ``rank`` in the draft's order there (:attr:`ersd.drafting.Proposal.beyond`): what
+        drafting ``depth`` would have observed, made right after accepted tokens like any depth
+        below the root.  Not a step: nothing goes stale."""
+        if depth < 2:
+            return
+        if not self.ranked:  # an accepted or a rejected position
+            rank = 1 if rank == 1 else None
+        self._add(depth - 1, rank)
+
     def depth_probs(self, states: Sequence[bool | None] | None = None) -> list[np.ndarray]:
         """Per-depth rank probabilities; the last entry applies below the deepest observed
         depth.  ``states``: the state of each row decided for (class docstring); the root is
@@ -1107,6 +1118,24 @@ class TreeChooser:
         self._kept_trials = list(online.trials)
         self._kept_steps = online.steps
         return True
+
+    @property
+    def learns_beyond(self) -> bool:
+        """Whether :meth:`observe_beyond` learns anything: an online estimate whose observations
+        are ranks (ERSD) or deterministic acceptances (temperature 0, where a drafted token is
+        accepted exactly when it is the target's)."""
+        return self.online is not None and (self.ranked or self.temperature == 0.0)
+
+    def observe_beyond(self, depth: int, rank: int | None) -> None:
+        """The last step's bonus token, one depth below its fully accepted path, and its rank in
+        the draft's order there (:attr:`ersd.drafting.Proposal.beyond`): an observation of
+        ``depth`` drafting it would have made, seen at no forward's cost.  While auto drafts
+        short chains in an easy stretch, these are its only observations of the depths below."""
+        if not self.learns_beyond or depth < 2:
+            return
+        assert self.online is not None
+        self.online.observe_beyond(depth, rank)
+        self._learned += 1
 
     def observe(
         self, ranks: list[int], accepted: int, depth: int, row: Any = None

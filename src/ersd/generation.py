@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ersd.drafting import Drafter, DraftSession, ModelDrafter, Proposal
+from ersd.drafting import Drafter, DraftSession, ModelDrafter, ModelDraftSession, Proposal
 from ersd.errors import GenerationInputError, InvalidTreeSpecError
 from ersd.methods import DraftTree, Method, TreeVerification, verify_tree
 from ersd.models.base import LanguageModel, ModelSession
@@ -211,6 +211,8 @@ def settle(
         expected_tokens=proposal.expected_tokens,
     )
     if settings.chooser is not None:  # tree="auto": learn from this step, record the choice
+        if proposal.beyond is not None:  # the last step's bonus, seen by this step's draft
+            settings.chooser.observe_beyond(*proposal.beyond)
         rec.choice = settings.chooser.observe(
             verdict.ranks, len(verdict.accepted), depth, row=id(seq)
         )
@@ -249,9 +251,14 @@ def start_sequence(target: LanguageModel, request: Request, settings: Settings) 
     """Open the target session and the drafter's session of ``request``'s prompt."""
     ids = list(request.prompt)
     drafter = settings.drafter
+    target_session = target.start(ids)
+    session = drafter.start_drafting(ids) if drafter is not None else None
+    if settings.chooser is not None and isinstance(session, ModelDraftSession):
+        # tree="auto": learn how the depth below each fully accepted path would have fared
+        session.observe_beyond = settings.chooser.learns_beyond
     return SequenceState(
-        target=target.start(ids),
-        drafter=drafter.start_drafting(ids) if drafter is not None else None,
+        target=target_session,
+        drafter=session,
         key=request.root_key(),
         max_new_tokens=request.max_new_tokens,
         max_length=getattr(target, "max_length", None),

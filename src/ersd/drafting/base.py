@@ -44,6 +44,10 @@ class Proposal:
     #: predicted tokens per target call of this tree (1 + Σ predicted reach of its nodes), when
     #: the drafter predicts it (dynamic trees, :mod:`ersd.drafting.dynamic`); None otherwise
     expected_tokens: float | None = None
+    #: ``(depth, rank)``: the previous step's bonus token, one depth below its fully accepted
+    #: path, and its rank in the draft's order there (None: not among the first few), seen by
+    #: this step's first draft forward (:attr:`ersd.drafting.ModelDraftSession.observe_beyond`)
+    beyond: tuple[int, int | None] | None = None
 
 
 @runtime_checkable

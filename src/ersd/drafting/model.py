@@ -4,6 +4,14 @@ One draft forward per tree depth: the root row first, then every node of a level
 in the shape is fed in one ``score`` call.  Children come from the rule's drafting rule applied to
 the draft model's logits (the shared race for ERSD, keyed i.i.d. draws for the baselines, the top
 logits at temperature 0).
+
+**What the next depth would have done.**  After a step whose drafted path was accepted to a leaf,
+the target's bonus token sits one depth below it -- where a deeper tree would have drafted.  The
+next step's first draft forward feeds that leaf and the bonus anyway (neither was fed yet), so one
+more row of the output layer gives the draft's distribution at the bonus, and with it the rank of
+the bonus token in the draft's order there: an observation of depth ``leaf + 1`` that costs no
+forward (:attr:`ModelDraftSession.observe_beyond`, read by ``tree="auto"``, which otherwise
+never learns how deep trees would fare while it drafts short ones).
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from ersd.models.base import LanguageModel, ModelSession
 from ersd.probs import SamplingParams
 from ersd.race import RaceNoise
 from ersd.tree import TreeShape
+
+#: ranks of the bonus token looked for in the draft's order (deeper ones: "not among them")
+BEYOND_RANKS = 8
 
 
 class ModelDrafter:
@@ -45,10 +56,18 @@ class ModelDraftSession:
     #: rows grow theirs (True when growing touches only this session's own state)
     parallel_grow = True
 
+    #: observe the bonus token below a fully accepted path (module docstring): set by the
+    #: generation loop for ``tree="auto"``; needs a session with ``score_previous`` (the
+    #: PyTorch backend's), and is skipped by the batched engine, which drives :meth:`grow`
+    observe_beyond = False
+
     def __init__(self, session: ModelSession) -> None:
         self.session = session
         # context of the last proposed tree -> its pending index in the draft session
         self._fed: dict[int, int] = {}
+        self._tree: DraftTree | None = None  # the last proposed tree
+        #: (depth, race key, token) of the bonus token below the last step's accepted leaf
+        self._beyond: tuple[int, int, int] | None = None
 
     def _draft_at(
         self,
@@ -145,17 +164,49 @@ class ModelDraftSession:
         levels = self.grow(shape, key, rule, params, noise, guess)
         call = next(levels)
         forwards, seconds = 0, 0.0
+        beyond, self._beyond = self._beyond, None
+        score_previous = getattr(self.session, "score_previous", None)
+        seen: tuple[int, int | None] | None = None
         while True:
             t0 = time.perf_counter()
-            rows = self.session.score(*call)
+            if beyond is not None and score_previous is not None and not forwards:
+                rows, previous = score_previous(*call)
+                if previous is not None:
+                    seen = (beyond[0], self._rank_of(previous, beyond, rule, params, noise))
+            else:
+                rows = self.session.score(*call)
             seconds += time.perf_counter() - t0
             forwards += 1
             try:
                 call = levels.send(rows)
             except StopIteration as done:
-                return Proposal(tree=done.value, forwards=forwards, seconds=seconds)
+                self._tree = done.value
+                return Proposal(tree=done.value, forwards=forwards, seconds=seconds, beyond=seen)
+
+    @staticmethod
+    def _rank_of(
+        logits: torch.Tensor,
+        beyond: tuple[int, int, int],
+        rule: Method,
+        params: SamplingParams,
+        noise: RaceNoise,
+    ) -> int | None:
+        """The rank of the bonus token in the draft's order at its context (ERSD: the race
+        rank, as in verification; other rules: 1 if it is the one token they draft there)."""
+        _, key, token = beyond
+        node = NodeNoise(noise, key)
+        toks, q = rule.draft_children(logits, params, 1, node)
+        rank = rule.rank(q, q, token, node)  # ERSD's rank reads only the draft's race
+        if rank is None:
+            rank = 1 if toks and toks[0] == token else None
+        return rank if rank is not None and rank <= BEYOND_RANKS else None
 
     def observe(self, tokens: Sequence[int], accepted: Sequence[int]) -> None:
+        tree, self._tree, self._beyond = self._tree, None, None
+        if self.observe_beyond and tree is not None and accepted and len(tokens) > len(accepted):
+            below = DraftTree.context_of(accepted[-1])
+            if not tree.children[below]:  # accepted to a leaf: the next token is its bonus
+                self._beyond = (len(accepted) + 1, tree.keys[below], int(tokens[len(accepted)]))
         path: list[int] = []
         for node in accepted:
             pending = self._fed.get(DraftTree.context_of(node))

@@ -98,6 +98,19 @@ class FunctionSession:
         seqs = self._plan(tokens, parents)
         return self._finish(self.model.logits(seqs) if seqs else None)
 
+    def score_previous(
+        self, tokens: Sequence[int], parents: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`score`, and the logits after ``committed[:-1]`` where this call computes the
+        root row (in the same call of ``fn``); None otherwise.  As
+        :meth:`ersd.models.hf.HFSession.score_previous`."""
+        fresh = self._root is None and len(self._committed) >= 2
+        seqs = self._plan(tokens, parents)
+        if not fresh:
+            return self._finish(self.model.logits(seqs) if seqs else None), None
+        rows = self.model.logits([self._committed[:-1], *seqs])
+        return self._finish(rows[1:]), rows[0]
+
     def _plan(self, tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
         """Add the nodes to the pending tree; the sequences whose logits the call needs."""
         check_tree_args(tokens, parents, len(self._pending_tokens))

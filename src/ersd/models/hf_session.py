@@ -50,6 +50,8 @@ class MaskPlan:
     parents: list[int]
     depths: list[int]
     ancestors: list[list[int]]
+    #: the first kept row is the one before the root (:meth:`HFSession.score_previous`)
+    previous: bool = False
 
 
 class HFSession:
@@ -74,6 +76,8 @@ class HFSession:
         self._closed = False
         #: tokens this session is expected to hold at most (0: unknown), see expect_length
         self.expected_length = 0
+        self._want_previous = False  # score_previous: keep the row before the root too
+        self._previous: torch.Tensor | None = None
 
     def expect_length(self, tokens: int) -> None:
         """A hint: this session will hold at most ``tokens`` tokens (prompt, generated tokens and
@@ -132,6 +136,21 @@ class HFSession:
                 rows = self._score_mask(tokens, parents, depths)
         self.owner.check_logits(rows)
         return rows
+
+    def score_previous(
+        self, tokens: Sequence[int], parents: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`score`, and the logits row before the root -- the next-token logits after
+        ``committed[:-1]`` -- where this call feeds that row anyway (two or more committed tokens
+        not yet fed: a fully accepted chain's last token and its bonus); None otherwise.  The
+        row costs one more row of the output layer, nothing else.  A drafter learns from it
+        whether it would have drafted the bonus token (:mod:`ersd.drafting.model`)."""
+        self._want_previous, self._previous = True, None
+        try:
+            rows = self.score(tokens, parents)
+        finally:
+            self._want_previous = False
+        return rows, self._previous
 
     def _check_window(self, depths: list[int]) -> None:
         length = len(self._committed)
@@ -208,6 +227,7 @@ class HFSession:
             self._n_cached = cached = cached - 1
         tail = self._committed[cached:]
         t = len(tail)  # t > 0 implies num_pending == 0: score() always feeds the tail
+        previous = self._want_previous and t >= 2
         ancs = self._ancestors(parents)
         pos = list(range(cached, length))
         pos.extend(length + d - 1 for d in depths)
@@ -233,11 +253,12 @@ class HFSession:
             allowed=allowed,
             past=cached + num_pending,
             tail=t,
-            keep=n + (1 if t else 0),
+            keep=n + (1 if t else 0) + (1 if previous else 0),
             tokens=list(tokens),
             parents=list(parents),
             depths=depths,
             ancestors=ancs,
+            previous=previous,
         )
 
     def _near(self, plan: MaskPlan) -> torch.Tensor:
@@ -255,6 +276,8 @@ class HFSession:
         """Record the forward of ``plan`` (its last ``plan.keep`` logits rows, float32) and return
         what :meth:`score` returns."""
         self._n_cached = len(self._committed)
+        if plan.previous:
+            self._previous, logits = logits[0], logits[1:]
         if plan.tail:
             self._root = logits[0]
             node_rows = logits[1:]

@@ -241,7 +241,10 @@ class OnlineProfile:
       never be drafted, hence never observed, again: the bf16 pair on an arithmetic prompt at
       T = 0 saw 4 of 8 depth-2 tokens rejected in its first hard stretch, then drafted
       ``chain:1`` in 38 of its 48 steps (31 of its 35 roots after a full acceptance accepted)
-      at 0.89 of ``chain:4``.  The store keeps the raw counts.
+      at 0.89 of ``chain:4``.  The store keeps the raw counts;
+    - **the depth below a fully accepted path is observed too** (:meth:`observe_beyond`): the
+      rank of the bonus token in the draft's order there, which the next step's first draft
+      forward gives at the cost of one more output row (:mod:`ersd.drafting.model`).
 
     Without stretches both pools estimate the same and this is the plain per-depth estimate;
     with them, a run drafting short chains in an easy stretch sees that its deeper tokens would

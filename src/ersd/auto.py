@@ -1134,10 +1134,10 @@ class TreeChooser:
         the draft's order there (:attr:`ersd.drafting.Proposal.beyond`): an observation of
         ``depth`` drafting it would have made, seen at no forward's cost.  While auto drafts
         short chains in an easy stretch, these are its only observations of the depths below."""
-        if not self.learns_beyond or depth < 2:
+        if not self.learns_beyond:
             return
         assert self.online is not None
-        self.online.observe_beyond(depth, rank)
+        self.online.observe_beyond(depth, rank)  # ignores the root (depth 1), never below a path
         self._learned += 1
 
     def observe(

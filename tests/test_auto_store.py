@@ -454,6 +454,53 @@ def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
     assert summarise(skewed, [])["code T=1"]["auto/plain"] == "4.000"
 
 
+def test_auto_check_control_and_per_token_split_against_plain() -> None:
+    """--control: plain-b ÷ plain per prompt (the machine's noise on identical work); and auto
+    minus plain per token, split into the target's forwards and the rest of the loop."""
+    import argparse
+
+    from ersd.bench.auto_check import config_list, summarise
+
+    def row(prompt: str, config: str, rate: float, target_s: float, loop_s: float) -> dict:
+        return {
+            "prompt": prompt,
+            "set": "code",
+            "temperature": 0.0,
+            "config": config,
+            "rate": rate,
+            "tokens": 100,
+            "target_s": target_s,
+            "loop_s": loop_s,
+            "draft_forwards": 0,
+            "finding_out": {"share": 0.0, "can_pay": False} if config == "auto" else None,
+        }
+
+    rows = [
+        row("a", "plain", 10.0, 9.0, 1.0),
+        row("a", "auto", 9.0, 9.5, 1.6),  # +5 ms/token forwards, +6 ms/token loop
+        row("a", "plain-b", 11.0, 8.5, 1.0),
+        row("b", "plain", 8.0, 11.0, 1.5),
+        row("b", "auto", 8.0, 11.1, 1.5),  # +1, +0
+        row("b", "plain-b", 6.0, 15.0, 1.5),
+    ]
+    cell = summarise(rows, [])["code T=0"]
+    assert cell["control/plain"].startswith("0.925")  # (1.1 + 0.75) / 2
+    assert cell["control/plain_min"] == 0.75
+    assert cell["auto-plain target_ms/token"].startswith("3.000")
+    assert cell["auto-plain loop_ms/token"].startswith("3.000")
+    # without --control (or a run from before it) the cell has neither field
+    plain = summarise([r for r in rows if r["config"] != "plain-b"], [])["code T=0"]
+    assert "control/plain" not in plain
+    args = argparse.Namespace(control=True, fixed=["chain:4"])
+    assert [c[0] for c in config_list(args, "d", "auto")] == [
+        "plain",
+        "auto",
+        "plain-b",
+        "chain:4",
+    ]
+    assert config_list(args, "d", "auto")[2][1] is None  # the control drafts nothing
+
+
 # --- what a run learned is kept for the next one ------------------------------------------------
 
 #: a flat target and an almost free draft: drafting pays even under the generic prior

@@ -8,6 +8,7 @@ from collections import defaultdict
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
 fixed = d["args"]["fixed"]
+control = bool(d["args"].get("control"))  # a second plain configuration, plain-b (--control)
 by = defaultdict(lambda: defaultdict(list))
 for r in rows:
     by[(r["prompt"], r["temperature"])][r["config"]].append(r)
@@ -15,6 +16,7 @@ hdr = (
     ["prompt", "T", "plain tok/s", "auto tok/s"]
     + [f"{f} tok/s" for f in fixed]
     + ["auto ÷ plain"]
+    + (["plain-b ÷ plain"] if control else [])
     + (["auto ÷ best fixed"] if fixed else [])
     + ["auto draft fwds", "auto's steps", "finding out"]
 )
@@ -40,6 +42,8 @@ for (p, t), cfg in by.items():
         f"{med[f]:.2f}" for f in fixed
     ]
     cells += [f"{med['auto'] / med['plain']:.3f}"]
+    if control:
+        cells += [f"{med['plain-b'] / med['plain']:.3f}"]
     if fixed:
         cells += [f"{med['auto'] / max(med[f] for f in fixed):.3f}"]
     cells += [f"{fw:g}", steps, f"{100 * share:.1f}%"]
@@ -56,13 +60,16 @@ hdr = [
     "finding out (mean)",
     "cannot pay",
 ]
+if control:
+    hdr += ["plain-b ÷ plain", "min", "auto − plain, forwards ms/token", "loop ms/token"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
 for k, c in s.items():
     bf = f"{c['best_fixed']} {c['auto/best-fixed']}" if "best_fixed" in c else "-"
     pp = c.get("auto/best-fixed(prompt)", "-")
-    print(
-        f"| {k} | {c['n']} | {c['auto/plain']} | {c['auto/plain_min']:.3f} | {bf} | {pp} | {100 * c['finding_out_share_mean']:.1f}% | {c['cannot_pay_prompts']}/{c['n']} |"
-    )
+    line = f"| {k} | {c['n']} | {c['auto/plain']} | {c['auto/plain_min']:.3f} | {bf} | {pp} | {100 * c['finding_out_share_mean']:.1f}% | {c['cannot_pay_prompts']}/{c['n']} |"
+    if control:
+        line += f" {c['control/plain']} | {c['control/plain_min']:.3f} | {c.get('auto-plain target_ms/token', '-')} | {c.get('auto-plain loop_ms/token', '-')} |"
+    print(line)
 print()
 print("setup:", json.dumps(d.get("setup")))

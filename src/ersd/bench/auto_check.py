@@ -9,10 +9,19 @@ exploring step).  Per category and temperature: ``auto ÷ plain`` and ``auto ÷ 
 (the fixed tree with the highest mean rate in that category; and the harsher per-prompt best) as
 means over prompts with Student-t 95% intervals.
 
+``--control`` adds a second, identical plain configuration (``plain-b``) to the rotation: its
+ratio to ``plain`` is what two runs of the same work differ by on this machine, the yardstick
+for ``auto ÷ plain`` where auto drafts nothing.  Each cell also splits the difference between
+auto and plain per token into the target's forwards (``target_ms/token``: the same forwards when
+auto drafts nothing) and everything else a step does (``loop_ms/token``: choosing, verifying,
+committing, drafting) -- auto's own cost, apart from the machine's noise in the forwards.
+
     python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 \\
         --temperatures 0 1 --per-set 2 --fixed --out llamacpp.json
     python -m ersd.bench.auto_check --backend hf --draft-dtype int8 --tokens 48 \\
         --temperatures 0 1 --per-set 2 --fixed chain:4 chain:6 --out hf.json
+    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 --repeats 3 \\
+        --temperatures 0 1 --per-set 2 --control --out llamacpp-control.json
     python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 --batch 8 \\
         --repeats 3 --temperatures 0 1 --per-set 2 --out llamacpp-b8.json
 """
@@ -70,8 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             setup[f"profile_T={temp:g}"] = [round(row[0], 3) for row in probs]
         setup["profile_s"] = time.perf_counter() - t1
     auto = AutoTree(costs=curves)
-    configs: list[tuple[str, Any, Any]] = [("plain", None, "chain:1"), ("auto", draft, auto)]
-    configs += [(f, draft, f) for f in args.fixed]
+    configs = config_list(args, draft, auto)
     eos = target.eos_token_ids or None
     for _, d, tree in configs:  # warm-up: every configuration once, untimed
         ersd.generate(target, d, encoded[0], max_new_tokens=4, tree=tree, temperature=1.0)
@@ -104,6 +112,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "tokens": len(res.tokens),
                 "seconds": res.wall_time,
                 "rate": res.tokens_per_second,
+                "target_s": res.target_time,
+                "loop_s": res.wall_time - res.target_time,
                 "target_calls": res.target_calls,
                 "draft_forwards": res.draft_forwards,
                 "auto_choices": res.auto_choices or None,
@@ -119,6 +129,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "summary": summarise(rows, list(args.fixed)),
     }
+
+
+def config_list(args: argparse.Namespace, draft: Any, auto: Any) -> list[tuple[str, Any, Any]]:
+    """The compared configurations (name, draft, tree): plain, auto, the control (a second
+    plain, with ``--control``) and the fixed trees."""
+    configs: list[tuple[str, Any, Any]] = [("plain", None, "chain:1"), ("auto", draft, auto)]
+    if getattr(args, "control", False):
+        configs.append(("plain-b", None, "chain:1"))
+    return configs + [(f, draft, f) for f in args.fixed]
 
 
 def rotations(
@@ -200,6 +219,9 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     out = dict(runs[0])
     out["rate"] = statistics.median(r["rate"] for r in runs)
+    for k in ("target_s", "loop_s"):
+        if all(k in r for r in runs):
+            out[k] = statistics.median(r[k] for r in runs)
     out["draft_forwards"] = sum(r["draft_forwards"] for r in runs) / len(runs)
     found = [r["finding_out"] for r in runs if r.get("finding_out")]
     if found:
@@ -223,6 +245,12 @@ def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[s
     if fixed:
         c["auto/best-fixed(prompt)"].append(a["rate"] / max(cfg[n]["rate"] for n in fixed))
     c["rate:auto"].append(a["rate"])
+    p = cfg["plain"]
+    if "plain-b" in cfg:
+        c["control/plain"].append(cfg["plain-b"]["rate"] / p["rate"])
+    for k in ("target_s", "loop_s"):  # auto - plain, milliseconds per token
+        if k in a and k in p:
+            c[k].append(1e3 * (a[k] / a["tokens"] - p[k] / p["tokens"]))
     c["rate:plain"].append(cfg["plain"]["rate"])
 
 
@@ -249,6 +277,13 @@ def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
             "cannot_pay_prompts": int(sum(c["cannot_pay"])),
             "auto_draft_forwards": int(sum(c["draft_forwards"])),
         }
+        if c["control/plain"]:
+            cell["control/plain"] = t_interval(c["control/plain"]).format(3)
+            cell["control/plain_min"] = min(c["control/plain"])
+        for k in ("target_s", "loop_s"):
+            if c[k]:
+                name = k.removesuffix("_s")
+                cell[f"auto-plain {name}_ms/token"] = t_interval(c[k]).format(3)
         if fixed:
             means = {n: sum(c[f"rate:{n}"]) / len(c[f"rate:{n}"]) for n in fixed}
             best = max(means, key=lambda n: means[n])
@@ -274,6 +309,12 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--fixed", nargs="*", default=[], help="fixed trees to compare (e.g. chain:4)")
     ap.add_argument("--eos", action="store_true", help="stop at EOS (default: full length)")
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="add a second plain configuration (plain-b) to the rotation: plain-b ÷ plain is "
+        "the machine's noise on identical work, the yardstick for auto ÷ plain",
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -318,7 +359,7 @@ def main() -> None:
                 for q in rows
                 if (q["prompt"], q["temperature"]) == (r["prompt"], r["temperature"])
             )
-            == (2 + len(args.fixed)) * args.repeats
+            == len(config_list(args, None, None)) * args.repeats
         ]
         summary = {"rows": complete, "summary": summarise(complete, list(args.fixed))}
         args.out.write_text(json.dumps(summary, indent=1, default=str) + "\n")

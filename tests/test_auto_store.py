@@ -581,14 +581,14 @@ def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatc
     is re-decided every step."""
     from ersd.auto import CANNOT_PAY_MARGIN, CANNOT_PAY_RECHECK, CANNOT_PAY_TIMED
 
-    calls = {"n": 0}
-    real = TreeChooser.candidates
+    calls = {"n": 0}  # decisions made (each looks up the step's costs once)
+    real = TreeChooser.costs_at
 
-    def counted(self, probs):  # type: ignore[no-untyped-def]
+    def counted(self, context, batch):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        return real(self, probs)
+        return real(self, context, batch)
 
-    monkeypatch.setattr(TreeChooser, "candidates", counted)
+    monkeypatch.setattr(TreeChooser, "costs_at", counted)
     c = chooser(AutoTree(costs=STEEP))
     plain = STEEP.target_cost(1)
     for _ in range(2 * CANNOT_PAY_RECHECK):

@@ -893,3 +893,63 @@ def test_auto_mutant_is_rejected(monkeypatch) -> None:
 
     res, _ = auto_law_test(SDNoResidual(), "T1.0", "mild", monkeypatch)
     assert res.pvalue < ALPHA, f"mutant not rejected through tree='auto': {res}"
+
+
+@pytest.mark.parametrize(
+    ("method", "temperature"), [("ersd", 1.0), ("ersd", 0.0), ("specinfer", 1.0)]
+)
+def test_the_candidates_are_kept_while_the_estimate_is_unchanged(method, temperature) -> None:
+    """The candidate trees and their expected tokens are computed again only after an
+    observation that changes the rank estimate (not after a plain step's timing): the decisions
+    are those of a chooser that recomputes them at every step, through stretches of high and
+    low acceptance that flip them, with the depth below full acceptances observed too."""
+    # drafting pays only at a high acceptance: the stretches of none accepted turn it off
+    costs = CostModel(sizes=SIZES, target=[0.05, 0.055, 0.06, 0.07], draft=[0.03] * 4)
+    m = get_method(method)
+
+    def make() -> TreeChooser:
+        return TreeChooser(AutoTree(costs=costs), None, None, m, m, temperature, horizon=400)
+
+    kept, fresh = make(), make()
+    computed = []
+    inner = kept.candidates
+    kept.candidates = lambda probs: computed.append(1) or inner(probs)  # type: ignore[method-assign]
+    rng = random.Random(7)
+    context = list(range(50))
+    decisions: list[tuple[str, str, float]] = []
+    for i in range(240):
+        accept = 0.95 if (i // 60) % 2 == 0 else 0.0
+        fresh._shapes = None  # recomputed at every step
+        shapes = [c.choose(context) for c in (kept, fresh)]
+        assert kept.last is not None and fresh.last is not None
+        assert kept.last.to_dict() == fresh.last.to_dict()
+        decisions.append((kept.last.tree, str(kept.last.best_tree), kept.last.predicted))
+        shape = shapes[0]
+        depth = 0 if shape is None else shape.depth
+        ranks: list[int] = []
+        while len(ranks) < depth:
+            ranks.append(1 if rng.random() < accept else rng.randint(2, 4))
+            if ranks[-1] != 1:
+                break
+        accepted = next((j for j, r in enumerate(ranks) if r != 1), len(ranks))
+        draft = 0.03 * depth
+        step = costs.target_cost(1 if shape is None else shape.num_nodes + 1, 1) + draft
+        beyond = None  # the bonus token's rank one depth below a full acceptance, some steps
+        if depth and accepted == depth and rng.random() < 0.5:
+            beyond = 1 if rng.random() < accept else 3
+        for c in (kept, fresh):  # both see the same observations
+            if beyond is not None:
+                c.observe_beyond(depth + 1, beyond)
+            c.observe(ranks if c.ranked else [], accepted, depth)
+            c.observe_times(1, draft, step - draft, step, prefill=i == 0)
+        context += [0] * (accepted + 1)
+    trees = {t for t, _, _ in decisions}
+    assert "none" in trees and len(trees) > 1  # the stretches flip the decision
+    drafted = sum(t != "none" for t, _, _ in decisions)
+    assert len(computed) < len(decisions) - 20  # plain steps reuse the candidates
+    assert len(computed) >= drafted  # every drafting step's observation recomputes them
+    if kept.learns_beyond:  # an observation below a full acceptance alone changes them too
+        before = kept.predicted_shapes()["chain:4"][1]
+        for _ in range(5):
+            kept.observe_beyond(3, 3)  # depth 3 rejected
+        assert kept.predicted_shapes()["chain:4"][1] < before

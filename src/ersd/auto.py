@@ -691,6 +691,10 @@ class TreeChooser:
         self._row_spread = (DEFAULT_ROW_SPREAD, 0.0)
         self._spreads: list[float] = []  # factors of this run's rows that have left (keep)
         self._learned = 0  # steps learned from (the decision is kept while this is unchanged)
+        #: observations that changed the rank estimate (a subset of ``_learned``); while it and
+        #: the rows' states are unchanged, the candidates and their expected tokens are too
+        self._profile_version = 0
+        self._shapes: tuple[Any, dict[str, tuple[TreeShape, float]]] | None = None
         self._decided: tuple[tuple[int, int, bool], TreeShape | None] | None = None
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
         self._epoch = self.curves.measurements
@@ -729,6 +733,25 @@ class TreeChooser:
         assert self.online is not None
         keys = [self._last_row] if rows is None else list(rows)
         return self.online.depth_probs([self._after.get(k) for k in keys])
+
+    def predicted_shapes(
+        self, rows: Sequence[Any] | None = None
+    ) -> dict[str, tuple[TreeShape, float]]:
+        """Each candidate tree with its expected tokens per row under the estimate for ``rows``
+        (:meth:`depth_probs`, :meth:`candidates`), kept while no observation has changed the
+        estimate: a step without drafting changes only the timing, and recomputing the optimal
+        trees and their expectations after every such step was most of what auto added to
+        plain decoding's loop."""
+        keys = [self._last_row] if rows is None else list(rows)
+        key = (self._profile_version, tuple(self._after.get(k) for k in keys))
+        if self._shapes is None or self._shapes[0] != key:
+            probs = self.depth_probs(rows)
+            shapes = {
+                spec: (shape, expected_tokens(shape, probs))
+                for spec, shape in self.candidates(probs).items()
+            }
+            self._shapes = (key, shapes)
+        return self._shapes[1]
 
     def candidates(self, probs: list[Any]) -> dict[str, TreeShape]:
         """Chains, and (ERSD at T > 0) optimal trees of :data:`TREE_SIZES` nodes under
@@ -958,7 +981,7 @@ class TreeChooser:
         costs = self.costs_at(context, batch)
         measured = self.curves.measure_seconds - measured
         self._seed_timing(batch)
-        probs = self.depth_probs([k for k, _ in rows] if rows is not None else None)
+        shapes = self.predicted_shapes([k for k, _ in rows] if rows is not None else None)
         plain = self._plain_rate(costs, batch)
         if self.horizon is not None:  # plain is over the batch: a row's rate is plain / batch
             self._projected = self.horizon * batch / plain
@@ -967,10 +990,10 @@ class TreeChooser:
             (
                 spec,
                 shape,
-                batch * expected_tokens(shape, probs),
+                batch * tokens,
                 self._step_time(costs, shape, batch),
             )
-            for spec, shape in self.candidates(probs).items()
+            for spec, (shape, tokens) in shapes.items()
         ]
         step_tokens = {spec: tokens / batch for spec, _, tokens, _ in predicted}
         if rows is not None and len(rows) == batch > 1:
@@ -1139,6 +1162,7 @@ class TreeChooser:
         assert self.online is not None
         self.online.observe_beyond(depth, rank)  # ignores the root (depth 1), never below a path
         self._learned += 1
+        self._profile_version += 1
 
     def observe(
         self, ranks: list[int], accepted: int, depth: int, row: Any = None
@@ -1156,6 +1180,7 @@ class TreeChooser:
         state = self._after.get(row)
         if self.online is not None and depth > 0:
             self._learned += 1
+            self._profile_version += 1
             if self.ranked:
                 self.online.observe_ranks(ranks, state, depth)
             else:

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from ersd.commands.models import _calibration_prompts, _rank_profile
 
         t1 = time.perf_counter()
-        calib = _calibration_prompts(target, 1)
+        calib = _calibration_prompts(target, args.profile_prompts)
         for temp in args.temperatures:
             probs, trials = _rank_profile(target, draft, calib, temp, args.profile_tokens)
             curves.store.put_profile(target, draft, "ersd", temp, probs, sum(trials), trials=trials)
@@ -334,7 +334,15 @@ def main() -> None:
         type=int,
         default=0,
         help="first store the pair's rank profiles (as `ersd models calibrate`) from this many "
-        "tokens of a calibration prompt per temperature (0: use what the store holds)",
+        "tokens of each calibration prompt per temperature (0: use what the store holds; "
+        "`ersd models calibrate` takes 48)",
+    )
+    ap.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=2,
+        help="calibration prompts of the stored profile (as `ersd models calibrate --prompts`, "
+        "whose default this is: code, then chat, then maths; runs before 2026-12-05 took 1)",
     )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(

@@ -731,8 +731,12 @@ class TreeChooser:
         if self.fixed_probs is not None:
             return self.fixed_probs
         assert self.online is not None
+        return self.online.depth_probs(self._states(rows))
+
+    def _states(self, rows: Sequence[Any] | None) -> list[bool | None]:
+        """The root state of each of ``rows`` (None: the row observed last)."""
         keys = [self._last_row] if rows is None else list(rows)
-        return self.online.depth_probs([self._after.get(k) for k in keys])
+        return [self._after.get(k) for k in keys]
 
     def predicted_shapes(
         self, rows: Sequence[Any] | None = None
@@ -742,8 +746,7 @@ class TreeChooser:
         estimate: a step without drafting changes only the timing, and recomputing the optimal
         trees and their expectations after every such step was most of what auto added to
         plain decoding's loop."""
-        keys = [self._last_row] if rows is None else list(rows)
-        key = (self._profile_version, tuple(self._after.get(k) for k in keys))
+        key = (self._profile_version, tuple(self._states(rows)))
         if self._shapes is None or self._shapes[0] != key:
             probs = self.depth_probs(rows)
             shapes = {

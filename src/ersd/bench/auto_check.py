@@ -251,7 +251,7 @@ def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[s
     for k in ("target_s", "loop_s"):  # auto - plain, milliseconds per token
         if k in a and k in p:
             c[k].append(1e3 * (a[k] / a["tokens"] - p[k] / p["tokens"]))
-    c["rate:plain"].append(cfg["plain"]["rate"])
+    c["rate:plain"].append(p["rate"])
 
 
 def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:

@@ -7,7 +7,7 @@
 # dtypes: on CPUs with native bfloat16 (avx512_bf16 / AMX) a bf16 forward of a few tokens costs
 # about one token's, so both models run in bf16 on a small tree. Without it (AVX2 only) bf16
 # forwards cost ~k times more for k tokens; there the float32 target with oneDNN-prepacked linear
-# layers (a 6-token forward costs ~2x a 1-token one) and an int8-quantized draft (0.06 s per
+# layers (packed for a tree: a 4-token forward costs ~1.3x a 1-token one) and an int8-quantized draft (0.06 s per
 # level) on a chain are fastest, and the identity check is bit-exact. See docs/models.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

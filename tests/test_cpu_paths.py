@@ -44,7 +44,13 @@ SEQ = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
 @needs_onednn
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v projections carry biases
 @pytest.mark.parametrize("tied", [False, True])
-def test_prepacked_model_computes_the_same_function(arch: str, tied: bool) -> None:
+@pytest.mark.parametrize("packed", [True, False])  # packed for a row count, or oneDNN's plain layout
+def test_prepacked_model_computes_the_same_function(
+    arch: str, tied: bool, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if packed and not cpu.packed_linear_available():
+        pytest.skip("this torch build cannot pack a linear weight for a row count")
+    monkeypatch.setattr(cpu, "_PACKED_OK", packed)  # what prepack_linears then picks
     torch.manual_seed(0)
     config = tiny_config(arch)
     config.tie_word_embeddings = tied
@@ -56,6 +62,7 @@ def test_prepacked_model_computes_the_same_function(arch: str, tied: bool) -> No
     n_linear = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
     assert cpu.prepack_linears(model) == n_linear > 0
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert {m.packed for m in model.modules() if isinstance(m, cpu.OneDNNLinear)} == {packed}
     new = _logits(model, SEQ)
     assert new.shape == ref.shape
     torch.testing.assert_close(new, ref, atol=1e-4, rtol=1e-5)
@@ -77,6 +84,22 @@ def test_prepacked_tree_scoring_equals_plain_forwards() -> None:
     torch.testing.assert_close(
         rows[3].float(), _logits(model, [*prompt, 7, 9])[-1], atol=1e-4, rtol=0
     )
+
+
+@needs_onednn
+def test_linears_are_packed_for_a_tree_where_the_build_can() -> None:
+    """The default layout is the one packed for :data:`~ersd.models.cpu.PACK_ROWS` rows (the
+    probe checks it against the plain product), and a packed layer gives the plain layer's
+    outputs for any number of rows, one row and a long prompt's included."""
+    assert cpu.packed_linear_available()  # torch 2.13 CPU wheels ship the kernel
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 40)
+    layer = cpu.OneDNNLinear(lin)
+    assert layer.packed and "packed for 8 rows" in repr(layer)
+    for rows in (1, 2, 8, 9, 64):
+        x = torch.randn(1, rows, 48)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), lin(x), atol=1e-5, rtol=1e-5)
 
 
 def test_prepack_leaves_non_float32_models_alone() -> None:
@@ -128,6 +151,12 @@ def test_load_model_picks_the_linear_path(saved: Path, monkeypatch: pytest.Monke
     assert auto.linear_backend == ("onednn" if cpu.onednn_available() else "torch")
     stock = ersd.load_model(str(saved), linear="torch")
     assert stock.linear_backend == "torch"
+    # the layout is part of the description, hence of the cost store's key: a curve measured
+    # with the weights in one layout is never read for another
+    if auto.linear_backend == "onednn":
+        packed = cpu.packed_linear_available()
+        assert auto.describe()["linear_layout"] == ("packed:8" if packed else "plain")
+    assert "linear_layout" not in stock.describe()
     assert any(type(m) is torch.nn.Linear for m in stock.hf_module.modules())
     draft = ersd.load_model(str(saved), dtype="int8")
     assert draft.linear_backend == "int8" and "weights=int8" in repr(draft)

@@ -171,7 +171,10 @@ class HFModel:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready metadata: backend, name, architecture, weights dtype, device, linear path."""
+        from ersd.models.cpu import linear_layout
+
         layers = getattr(self._text_config, "num_hidden_layers", None)
+        layout = linear_layout(self.hf_module)
         return {
             "backend": "hf",
             "name": self.name,
@@ -179,6 +182,7 @@ class HFModel:
             "dtype": self._weights(),
             "device": str(self.device),
             "linear": self.linear_backend,
+            **({"linear_layout": layout} if layout else {}),
             "layers": int(layers) if layers is not None else None,
             "vocab_size": self.vocab_size,
             "max_length": self.max_length,

@@ -184,8 +184,9 @@ def load(
     outputs: meant for drafts, which never change what an exact method samples.
 
     ``linear`` (CPU, float32 only): ``"onednn"`` stores every linear layer's weight once in
-    oneDNN's layout, which makes scoring k tokens far cheaper than the stock path (MKL repacks the
-    weights on every multi-row call: a 4-token forward costs ~3x a 1-token one instead of ~1.8x);
+    oneDNN's layout, packed for a draft tree's rows, which makes scoring k tokens far cheaper than
+    the stock path (MKL repacks the weights on every multi-row call: a 4-token forward costs ~3x a
+    1-token one instead of ~1.3x);
     ``"torch"`` keeps ``nn.Linear``; ``"auto"`` = ``"onednn"`` where available. See
     :mod:`ersd.models.cpu`.
 

@@ -246,6 +246,35 @@ def test_cannot_pay_generates_with_zero_draft_forwards_and_reports_it(monkeypatc
     assert broken.tokens == res.tokens  # ERSD: the text does not depend on the trees
 
 
+def test_finding_out_reports_what_exploring_steps_lost_against_the_predicted_choice() -> None:
+    """``explore_s`` counts exploring steps whole (an upper bound); ``lost_s`` only what each
+    cost beyond the predicted choice's time for the tokens it emitted: a plain step against the
+    best tree's rate, a drafting step against plain decoding's, a batch row at its share of
+    the batch's rate -- never below zero, and measuring counts in full."""
+    from ersd.results import GenerationResult, StepRecord
+
+    def step(i: int, tokens: int, seconds: float, **choice: Any) -> StepRecord:
+        c = {"tree": "none", "batch": 1, "explore": False, "predicted": 4.0, "target_only": 4.0}
+        c.update(choice)
+        return StepRecord(i, [7] * tokens, 0, 0, 0, 0, total_time=seconds, choice=c)
+
+    steps = [
+        step(0, 1, 0.3, explore=True, best_tree_predicted=5.0, target_only=4.0),  # 0.3 - 1/5
+        step(1, 2, 0.8, tree="chain:4", explore=True, target_only=4.0),  # 0.8 - 2/4
+        step(2, 1, 0.3, explore=True, batch=2, best_tree_predicted=8.0),  # 0.3 - 1/(8/2)
+        step(3, 3, 0.1, tree="chain:4", explore=True, target_only=4.0),  # beat plain: 0
+        step(4, 4, 1.0, tree="chain:4", target_only=4.0, measure_seconds=0.25),  # not exploring
+    ]
+    res = GenerationResult([7] * 11, 5, 8, steps, "ersd", "auto", "length", wall_time=5.0)
+    f = res.auto_finding_out
+    assert f is not None and f["explore_steps"] == 4
+    assert f["explore_s"] == pytest.approx(1.5)
+    assert f["share"] == pytest.approx((0.25 + 1.5) / 5.0)
+    assert f["lost_s"] == pytest.approx(0.25 + 0.1 + 0.3 + 0.05)
+    assert f["lost_share"] == pytest.approx(0.7 / 5.0)
+    assert "lost against the predicted choice 14.0%" in res.summary()
+
+
 def test_a_batch_where_drafting_cannot_pay_never_drafts(monkeypatch) -> None:
     """The same in a batch (one chooser for the rows, the engine's clock faked likewise):
     zero draft forwards for every row, and each row's text is its solo text."""
@@ -452,6 +481,17 @@ def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
     assert out["code T=1"]["n"] == 1 and out["code T=1"]["auto/plain"] == "1.500"
     skewed = [*rows[:4], dict(rows[1], rate=9.0), dict(rows[1], rate=8.0)]  # auto: 3, 9, 8
     assert summarise(skewed, [])["code T=1"]["auto/plain"] == "4.000"
+    # the share lost against the predicted choice: a mean over prompts (of repeats' means),
+    # and absent where a run did not report it (rows from before it was)
+    assert "finding_out_lost_mean" not in out["code T=1"]
+    lost = [
+        dict(r, finding_out=dict(r["finding_out"], lost_share=x)) if r["config"] == "auto" else r
+        for r, x in zip(rows, [0, 0.02, 0, 0, 0, 0.01, 0, 0], strict=True)
+    ]
+    twice = [*lost, dict(lost[1], finding_out=dict(lost[1]["finding_out"], lost_share=0.04))]
+    cells = summarise(twice, ["chain:4", "chain:6"])
+    assert cells["code T=1"]["finding_out_lost_mean"] == pytest.approx(0.03)
+    assert cells["all T=1"]["finding_out_lost_mean"] == pytest.approx(0.02)  # (0.03 + 0.01) / 2
 
 
 def test_auto_check_control_and_per_token_split_against_plain() -> None:

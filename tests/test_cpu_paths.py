@@ -44,7 +44,7 @@ SEQ = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
 @needs_onednn
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v projections carry biases
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("packed", [True, False])  # packed for a row count, or oneDNN's plain layout
+@pytest.mark.parametrize("packed", [True, False])  # packed for a row count, or plain layout
 def test_prepacked_model_computes_the_same_function(
     arch: str, tied: bool, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

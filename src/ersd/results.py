@@ -41,6 +41,17 @@ class StepRecord:
         return max(self.total_time - self.draft_time - self.target_time, 0.0)
 
 
+def _explore_lost(step: StepRecord, choice: dict[str, Any]) -> float:
+    """Seconds an exploring step cost beyond what the predicted choice would have taken for the
+    tokens it emitted (its rates are over the step's batch: one row's share is rate / batch)."""
+    drafted = choice.get("tree", "none") != "none"
+    rate = choice.get("target_only") if drafted else choice.get("best_tree_predicted")
+    if not rate or rate <= 0:
+        return step.total_time
+    per_row = float(rate) / max(int(choice.get("batch", 1) or 1), 1)
+    return max(step.total_time - len(step.tokens) / per_row, 0.0)
+
+
 @dataclass
 class GenerationResult:
     """Generated tokens (new tokens only, EOS included if hit) and statistics.
@@ -187,19 +198,25 @@ class GenerationResult:
         measured during the run; 0 when they came from the store or an earlier run),
         ``explore_steps`` / ``explore_s`` (steps taken against the prediction to measure the
         other kind of step, whole step seconds: a draft's lazy prefill in such a step included)
-        and their ``share`` of the run's wall time."""
+        and their ``share`` of the run's wall time -- an upper bound, since an exploring step
+        emits tokens too; ``lost_s`` / ``lost_share``: what the exploring steps cost beyond the
+        time the predicted choice would have taken for the tokens they emitted (a plain step
+        against the best tree's predicted rate, a drafting step against plain decoding's)."""
         picks = [(s, s.choice) for s in self.steps if s.choice]
         if not picks:
             return None
         measure = sum(float(c.get("measure_seconds", 0.0)) for _, c in picks)
-        explore = [s for s, c in picks if c.get("explore")]
-        explore_s = sum(s.total_time for s in explore)
+        explore = [(s, c) for s, c in picks if c.get("explore")]
+        explore_s = sum(s.total_time for s, _ in explore)
+        lost = measure + sum(_explore_lost(s, c) for s, c in explore)
         wall = self.wall_time
         return {
             "measure_s": measure,
             "explore_steps": len(explore),
             "explore_s": explore_s,
             "share": (measure + explore_s) / wall if wall > 0 else 0.0,
+            "lost_s": lost,
+            "lost_share": lost / wall if wall > 0 else 0.0,
             "can_pay": bool(picks[-1][1].get("can_pay", True)),
         }
 
@@ -217,7 +234,8 @@ class GenerationResult:
                 lines.append(
                     f"auto finding out: {f['share']:.1%} of the run (measuring "
                     f"{f['measure_s']:.2f} s, {f['explore_steps']} exploring steps "
-                    f"{f['explore_s']:.2f} s)"
+                    f"{f['explore_s']:.2f} s; lost against the predicted choice "
+                    f"{f['lost_share']:.1%})"
                     + ("" if f["can_pay"] else "; drafting cannot pay on these costs")
                 )
         return "\n".join(lines)

@@ -229,6 +229,8 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "share": sum(float(f.get("share", 0.0)) for f in found) / len(found),
             "can_pay": all(f.get("can_pay", True) for f in found),
         }
+        if all("lost_share" in f for f in found):  # rows of runs before it was reported lack it
+            out["finding_out"]["lost_share"] = sum(f["lost_share"] for f in found) / len(found)
     return out
 
 
@@ -238,6 +240,8 @@ def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[s
     c["auto/plain"].append(a["rate"] / cfg["plain"]["rate"])
     f = a["finding_out"] or {}
     c["finding_out_share"].append(float(f.get("share", 0.0)))
+    if "lost_share" in f:
+        c["finding_out_lost"].append(float(f["lost_share"]))
     c["cannot_pay"].append(0.0 if f.get("can_pay", True) else 1.0)
     c["draft_forwards"].append(float(a["draft_forwards"]))
     for name in fixed:
@@ -274,6 +278,11 @@ def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
             "auto/plain": t_interval(c["auto/plain"]).format(3),
             "auto/plain_min": min(c["auto/plain"]),
             "finding_out_share_mean": sum(c["finding_out_share"]) / len(c["finding_out_share"]),
+            **(
+                {"finding_out_lost_mean": sum(c["finding_out_lost"]) / len(c["finding_out_lost"])}
+                if c["finding_out_lost"]
+                else {}
+            ),
             "cannot_pay_prompts": int(sum(c["cannot_pay"])),
             "auto_draft_forwards": int(sum(c["draft_forwards"])),
         }

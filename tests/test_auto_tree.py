@@ -325,6 +325,42 @@ def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_rati
     assert c.choose([1], batch=4) is not None
 
 
+#: drafting leads plain decoding by 16% at batch 1 under PROFILE (chain:2)
+CLOSE = CostModel(sizes=SIZES, target=[0.1, 0.16, 0.22, 0.34], draft=[0.01] * 4)
+
+
+@pytest.mark.parametrize("costs, lead, early", [(CLOSE, (1.1, 1.2), True), (FLAT, (2, 99), False)])
+def test_at_batch_1_the_early_plain_step_is_taken_only_while_the_lead_is_in_doubt(
+    costs: CostModel, lead: tuple[float, float], early: bool
+) -> None:
+    """A batch-1 run whose drafting leads plain decoding by less than EXPLORE_PLAIN_DOUBT
+    times a plain step after two drafting steps; one leading by far more drafts on (its lead
+    could not turn around), until EXPLORE_PLAIN_AFTER drafting steps in a row."""
+    from ersd.auto import EXPLORE_PLAIN_AFTER, EXPLORE_PLAIN_DOUBT
+
+    c = chooser(AutoTree(profile=PROFILE, costs=costs))
+    c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
+    decisions = []
+    for _ in range(EXPLORE_PLAIN_AFTER):
+        shape = c.choose([1], batch=1)
+        decisions.append(shape)
+        assert c.last is not None
+        if shape is not None:
+            target, draft = c._forward_parts(costs, shape, 1)
+            c.observe_times(1, draft, target, target + draft)  # as predicted
+        else:
+            c.observe_times(1, 0.0, costs.target_cost(1), costs.target_cost(1))
+        c._learned += 1  # decide afresh every step
+    ratio = c.last.predicted / c.last.target_only
+    assert lead[0] < ratio < lead[1] and (ratio < 1 + EXPLORE_PLAIN_DOUBT) == early
+    if early:
+        assert decisions[:2] != [None, None] and decisions[2] is None
+        assert all(d is not None for d in decisions[3:])
+    else:
+        assert all(d is not None for d in decisions) and c.timing["plain"].steps == 0
+        assert c.choose([1], batch=1) is None  # the periodic one stays
+
+
 def test_a_batch_step_is_costed_by_its_largest_tree_not_by_this_rows_choice() -> None:
     """In a batch the forwards are shared: a row that chose a small tree (or none) must compare
     the step's time with the prediction for the largest tree drafted in it."""

@@ -35,8 +35,9 @@ does not pay in this run gives way to a shorter one or to no drafting.  Steps wh
 included a prompt's prefill are not learned from; after :data:`EXPLORE_AFTER` steps in a row
 without drafting the best tree is drafted once, so drafting is re-measured (exploration), and
 the other way round one step is not drafted after :data:`EXPLORE_PLAIN_AFTER` drafting steps
-in a row (and once early, after two drafting steps, if no plain step was timed yet); until a
-kind of step is timed it borrows the other kind's target correction.
+in a row (and once early, after two drafting steps, if no plain step was timed yet and -- at
+batch 1 -- drafting's predicted lead is under :data:`EXPLORE_PLAIN_DOUBT`); until a kind of step
+is timed it borrows the other kind's target correction.
 
 The choice depends only on the costs and on steps already verified, never on the current step's
 randomness, so every method stays exact and ERSD's text stays the target-only text (it is tree-
@@ -112,6 +113,14 @@ KEEP_TIMING_AFTER = 4
 #: comparison is a measured curve until a plain step corrects it, and a curve measured in other
 #: conditions than the run would otherwise bias every later decision towards drafting
 EXPLORE_PLAIN_AFTER = 64
+#: ... but at batch 1 the early one only while the best tree's predicted rate is within this
+#: share of plain decoding's: the plain side borrows the drafting steps' measured target ratio
+#: until then, and no error of that borrowed prediction this machine's curves have shown (5-10%)
+#: would turn a larger lead around -- while the step itself cost 2-4% of a 48-token run that
+#: drafts chain:7 on code (one token in a step where chain:7 emits five).  A batch keeps it: its
+#: plain side is interpolated between batch sizes, and at batch 8 an untimed plain side once
+#: kept auto drafting chain:1 at 0.81x target-only
+EXPLORE_PLAIN_DOUBT = 0.2
 #: a depth's own observations are multiplied by this at every drafting step whose tree does not
 #: reach it (:class:`OnlineProfile`): what a depth showed in a stretch long past counts less and
 #: less against the observations that go on being made right after accepted tokens, so a depth
@@ -1036,7 +1045,12 @@ class TreeChooser:
                 self.explore_spent += max(lost, 0.0)
         elif drafts and (
             self._spec_run >= EXPLORE_PLAIN_AFTER
-            or (not plain_t.steps and spec_t.steps >= 2 and not self._plain_explored)
+            or (
+                not plain_t.steps
+                and spec_t.steps >= 2
+                and not self._plain_explored
+                and (batch > 1 or best_rate < (1 + EXPLORE_PLAIN_DOUBT) * plain)
+            )
         ):  # exploration the other way: time a step without drafting (within the budget)
             lost = batch / plain - batch / best_rate  # B tokens plain, not at the best rate
             if self._budget_allows(lost):
@@ -1204,6 +1218,7 @@ __all__ = [
     "EXPLORE_AFTER",
     "EXPLORE_BUDGET",
     "EXPLORE_PLAIN_AFTER",
+    "EXPLORE_PLAIN_DOUBT",
     "KEEP_PROFILE_AFTER",
     "KEEP_TIMING_AFTER",
     "PRIOR_RANK_PROBS",

@@ -746,7 +746,9 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     assert nxt.timing["spec"].target_ratio == pytest.approx(1.5)
     # another batch size, another machine or a given cost model start from 1.0
     at2 = new()
-    assert at2.choose([1, 2, 3], batch=2) is not None and at2.curves.measurements == 0
+    at2.choose([1, 2, 3], batch=2)  # 1.6 tokens / 0.15 s again (not started: the batch margin)
+    assert at2.last is not None and at2.last.best_tree_predicted is not None
+    assert at2.last.best_tree_predicted > at2.last.target_only and at2.curves.measurements == 0
     other = store(tmp_path, {**ENV, "cpu": "Other CPU"})
     stale = TreeChooser(AutoTree(costs=CurveCache(other)), target, ModelDrafter(draft), m, m, 1.0)
     stale.choose([1, 2, 3])
@@ -758,10 +760,11 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     assert given.timing["spec"].steps == 0 and not given.keep_timing()
 
 
-def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill() -> None:
+def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill(monkeypatch) -> None:
     """The draft prefills a batch's rows as one padded forward: the first drafting step costs
     the longest row's prompt on every row, not the asking row's (on the Intel bf16 pair: 1.2 s
     for 173 tokens x 8 rows, predicted 0.86 s from the first row's 118)."""
+    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # the prefill's price alone
     costs = CostModel(
         sizes=SIZES, target=[0.1, 0.1, 0.1, 0.1], draft=[0.01, 0.02, 0.04, 0.08], overhead=0.0
     )
@@ -803,12 +806,13 @@ FLAT_ROWS = CostModel(
 )
 
 
-def test_a_batch_with_one_slow_row_decodes_plain() -> None:
+def test_a_batch_with_one_slow_row_decodes_plain(monkeypatch) -> None:
     """Per step, drafting beats plain decoding on the pooled acceptance (the old rule drafted
     at batch 8 and lost 9-16% to plain on the Intel bf16 pair).  But one row that accepts
     nothing needs nearly a step per token, and the batch runs until it is done: over the rest of
     the run plain decoding is faster, so auto stops drafting.  With every row accepting alike
     the rates are the per-step ones and auto drafts."""
+    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # the rows' rule alone
     m = get_method("ersd")
     rows = [(k, 96) for k in range(8)]
     for slow in (False, True):
@@ -830,10 +834,36 @@ def test_a_batch_with_one_slow_row_decodes_plain() -> None:
         assert c.choose([1, 2, 3], 8) is not None
 
 
-def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path) -> None:
+def test_a_batch_starts_its_draft_only_on_a_clear_predicted_gain() -> None:
+    """Starting a batch's draft prefills it on every row, and at batch 8 on CPU drafting's
+    predicted gain is a few percent, within the error of the step times it rests on (one batch
+    of six started on such a gain and ran at 0.92 of target-only).  A batch starts its draft only
+    if drafting is predicted BATCH_START_MARGIN faster; a lone sequence is not held back, and a
+    batch whose draft has started goes on drafting on any predicted gain."""
+    from ersd.auto import BATCH_START_MARGIN
+
+    m = get_method("ersd")
+
+    def chooser(p: float) -> TreeChooser:
+        return TreeChooser(AutoTree(profile=[[p]] * 8, costs=FLAT_ROWS), None, None, m, m, 1.0)
+
+    small, clear = chooser(0.6), chooser(0.75)
+    assert small.choose([1, 2, 3], 8) is None and small.last is not None
+    gain = small.last.best_tree_predicted / small.last.target_only  # chain:1, 1.6 tokens / 0.3 s
+    assert 1.0 < gain < 1 + BATCH_START_MARGIN and gain == pytest.approx(1.6 / 1.5)
+    assert clear.choose([1, 2, 3], 8) is not None and clear.last is not None
+    assert clear.last.best_tree_predicted / clear.last.target_only >= 1 + BATCH_START_MARGIN
+    assert chooser(0.6).choose([1, 2, 3], 1) is not None  # one row: the same gain drafts
+    started = chooser(0.6)
+    started._ever_drafted = True  # an earlier step (an exploring one, say) started the draft
+    assert started.choose([1, 2, 3], 8) is not None
+
+
+def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path, monkeypatch) -> None:
     """Rows that left report how they accepted against the pool; a run keeps the spread of
     those factors with its timing at that batch size, and the next run starts from it (before
     its own rows have shown their rates, each is assumed as slow as the expected slowest)."""
+    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # drafting at once, as it did
     from ersd.auto import DEFAULT_ROW_SPREAD, KEEP_TIMING_AFTER, ROW_SPREAD_AFTER
 
     target, draft = Described("t"), Described("d", seed=1)

@@ -136,6 +136,15 @@ CANNOT_PAY_MARGIN = 0.05
 CANNOT_PAY_RECHECK = 32
 #: ... once this many plain steps of the run have been timed
 CANNOT_PAY_TIMED = 4
+#: a batch (more than one row) starts its draft only if drafting is predicted to beat plain
+#: decoding by this share: starting it prefills the draft on every row at once, a cost that is
+#: not got back if drafting then stops, and at batch 8 on CPU drafting's predicted gain is a few
+#: percent, within the error of the step times it rests on.  On the packed float32 pair at batch
+#: 8, fixed chain:4 ran at 0.77-0.86 of target-only, and the one of six batches that started its
+#: draft on a gain predicted from plain steps timed slow in that repeat ran at 0.92 of it.  A
+#: lone sequence drafts at 1.3-2x plain decoding's rate, far above any such margin, and is not
+#: held back (on chat prompts, where its gain is smallest, a margin would cost drafting's gain)
+BATCH_START_MARGIN = 0.10
 #: among the drafting candidates whose predicted rate is within this share of the best one's,
 #: the one with the fewest nodes is drafted: near its top the predicted rate is flat in the
 #: tree's size (chain:4, 6 and 8 within a few percent), closer than the prediction's error,
@@ -1027,6 +1036,8 @@ class TreeChooser:
             self._verdict = (batch, CANNOT_PAY_RECHECK - 1)
         spec_t, plain_t = self.timing["spec"], self.timing["plain"]
         drafts = best_shape is not None and best_rate > plain and self._can_pay
+        if drafts and batch > 1 and not self._ever_drafted:  # starting a batch's draft
+            drafts = best_rate >= (1 + BATCH_START_MARGIN) * plain
         if drafts and self.horizon is not None:
             drafts = self._pays_off(costs, context, batch, plain, best_rate)
         exploring = False
@@ -1210,6 +1221,7 @@ class TreeChooser:
 
 
 __all__ = [
+    "BATCH_START_MARGIN",
     "CANNOT_PAY_MARGIN",
     "CANNOT_PAY_RECHECK",
     "CANNOT_PAY_TIMED",

@@ -19,9 +19,9 @@ import json
 import sys
 
 import numpy as np
+import replay as R
 
 import ersd.auto as A
-import replay as R
 from ersd.auto import MAX_RANK, OnlineProfile, TreeChooser
 
 DEPTHS = 17  # estimates returned for depths 1..16 (and below)

@@ -142,8 +142,8 @@ CANNOT_PAY_TIMED = 4
 #: percent, within the error of the step times it rests on.  On the packed float32 pair at batch
 #: 8, fixed chain:4 ran at 0.77-0.86 of target-only, and the one of six batches that started its
 #: draft on a gain predicted from plain steps timed slow in that repeat ran at 0.92 of it.  A
-#: lone sequence drafts at 1.3-2x plain decoding's rate, far above any such margin, and is not
-#: held back (on chat prompts, where its gain is smallest, a margin would cost drafting's gain)
+#: lone sequence is not held back: on that pair it ran at 1.04-2.1x target-only, and a margin
+#: would cost the chat prompts, whose gain is smallest, their gain
 BATCH_START_MARGIN = 0.10
 #: among the drafting candidates whose predicted rate is within this share of the best one's,
 #: the one with the fewest nodes is drafted: near its top the predicted rate is flat in the

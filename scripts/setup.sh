@@ -20,7 +20,9 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-pip_q() { python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# shellcheck source=scripts/pip-install.sh
+. scripts/pip-install.sh
+pip_q() { pip_install python "$@"; }
 if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   echo "== installing torch 2.13.0 (CPU wheel)"
   pip_q "torch==2.13.0"

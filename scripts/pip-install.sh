@@ -10,7 +10,7 @@ pip_install() {
   log=$(mktemp)
   for try in 1 2 3; do
     rc=0
-    "$py" -m pip install --quiet --disable-pip-version-check --timeout 60 "$@" \
+    "$py" -m pip install --quiet --disable-pip-version-check "$@" \
       >"$log" 2>&1 || rc=$?
     if [[ $rc == 0 ]]; then
       grep -v "^WARNING: Location" "$log" || true

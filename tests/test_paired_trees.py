@@ -1,4 +1,4 @@
-"""The paired estimator of :mod:`ersd.bench.paired`: its two pieces of probability.
+"""The paired estimator of `research/paired.py`: its two pieces of probability.
 
 * ``conditioned_race(p, x)`` draws race noise conditioned on the target's winner being ``x``;
   drawing ``x ~ p`` first must give back i.i.d. ``Exp(1)`` noise (Kolmogorov-Smirnov, alpha =
@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy import stats
 
-from ersd.bench import paired
+from research import paired
 from ersd.race import race_winner
 
 ALPHA = 1e-3

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ersd.drafting import ConfidenceDrafter, Drafter, DynamicDrafter
-from ersd.drafting.dynamic import dynamic_drafter
+from ersd.drafting.grown import dynamic_drafter
 from ersd.errors import ErsdError, GenerationInputError, VocabularyMismatchError, WatermarkError
 from ersd.methods import Method, get_method, rule_for
 from ersd.models.base import LanguageModel

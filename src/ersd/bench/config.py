@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ersd.bench.errors import BenchConfigError
 from ersd.errors import ErsdError
 
 #: baseline names understood by the runner (``hf-generate``: plain Hugging Face ``generate`` of the
@@ -31,10 +32,6 @@ PROMPT_SETS = ("humaneval", "mtbench", "math", "grounded")
 
 # methods that grow `dynamic:K` trees (ERSD from its race, the others from draft confidence)
 DYNAMIC_METHODS = ("ersd", "sd", "specinfer", "spectr")
-
-
-class BenchConfigError(ErsdError):
-    """A benchmark config file is missing, malformed, or holds an unknown key or a bad value."""
 
 
 @dataclass

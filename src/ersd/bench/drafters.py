@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ersd.bench.baselines import _ForwardTimer, neutral_generation_config, timed_generate
-from ersd.bench.config import BenchConfigError
+from ersd.bench.errors import BenchConfigError
 from ersd.drafting import Drafter, DrafterConfigError, parse_drafter
 
 #: the n-gram size of the HF prompt-lookup baseline (= LookupDrafter's default ``n``)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as _scipy_stats
@@ -54,6 +55,25 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     sem = float(x.std(ddof=1)) / math.sqrt(n)
     t = float(_scipy_stats.t.ppf((1 + level) / 2, n - 1))
     return Interval(mean, mean - t * sem, mean + t * sem, n, "t")
+
+
+def interval_record(values: Sequence[float]) -> dict[str, Any]:
+    """:func:`t_interval` as a JSON record: ``{"mean", "ci95": [low, high], "n"}``."""
+    iv = t_interval(values)
+    return {"mean": iv.mean, "ci95": [iv.low, iv.high], "n": iv.n}
+
+
+def binomial_ci(k: int, n: int) -> list[float]:
+    """Clopper-Pearson 95% interval of a rate ``k / n``."""
+    if n == 0:
+        return [math.nan, math.nan]
+    ci = _scipy_stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return [float(ci.low), float(ci.high)]
+
+
+def rate(k: int, n: int) -> dict[str, Any]:
+    """A rate ``k / n`` as a JSON record with its Clopper-Pearson 95% interval."""
+    return {"k": k, "n": n, "rate": k / n if n else math.nan, "ci95": binomial_ci(k, n)}
 
 
 def bootstrap_interval(

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ersd.bench.stats import interval_record, rate
 from ersd.watermark import Watermark, detect
 from ersd.watermark.detect import encode_text
 
@@ -60,28 +61,6 @@ def _write_json(path: Path, record: Any) -> None:
 
 def bench_watermark(context_width: int = 4) -> Watermark:
     return Watermark(key=BENCH_KEY, context_width=context_width)
-
-
-def binomial_ci(k: int, n: int) -> list[float]:
-    """Clopper-Pearson 95% interval of a rate ``k / n``."""
-    if n == 0:
-        return [math.nan, math.nan]
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return [float(ci.low), float(ci.high)]
-
-
-def rate(k: int, n: int) -> dict[str, Any]:
-    return {"k": k, "n": n, "rate": k / n if n else math.nan, "ci95": binomial_ci(k, n)}
-
-
-def t_interval(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and Student-t 95% interval."""
-    v = np.asarray(values, dtype=float)
-    m = float(v.mean())
-    if len(v) < 2:
-        return {"mean": m, "ci95": [math.nan, math.nan], "n": len(v)}
-    h = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return {"mean": m, "ci95": [m - h, m + h], "n": len(v)}
 
 
 # --- human text ---------------------------------------------------------------------------------
@@ -430,10 +409,12 @@ def speed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ]
         summary[f"{tree} T={temp}"] = {
             "prompts": len(ids),
-            "block_efficiency_watermarked": t_interval(be_w),
-            "block_efficiency_plain": t_interval(be_p),
-            "block_efficiency_diff": t_interval([a - b for a, b in zip(be_w, be_p, strict=True)]),
-            "tokens_per_second_ratio": t_interval(ts_ratio),
+            "block_efficiency_watermarked": interval_record(be_w),
+            "block_efficiency_plain": interval_record(be_p),
+            "block_efficiency_diff": interval_record(
+                [a - b for a, b in zip(be_w, be_p, strict=True)]
+            ),
+            "tokens_per_second_ratio": interval_record(ts_ratio),
             "welch_pvalue_block_efficiency": float(
                 stats.ttest_ind(be_w, be_p, equal_var=False).pvalue
             )

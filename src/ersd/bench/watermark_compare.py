@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ersd.bench.stats import interval_record, rate
 from ersd.watermark import Watermark, detect, detect_dual
 from ersd.watermark.detect import DEFAULT_DUAL_ALPHA
 
@@ -193,10 +194,10 @@ def compare_part(
 
 
 def _t_interval(values: Sequence[float]) -> dict[str, Any]:
-    from ersd.bench.watermark import t_interval
-
     vals = [v for v in values if not math.isnan(v)]
-    return t_interval(vals) if vals else {"mean": math.nan, "ci95": [math.nan, math.nan], "n": 0}
+    return (
+        interval_record(vals) if vals else {"mean": math.nan, "ci95": [math.nan, math.nan], "n": 0}
+    )
 
 
 def _median_interval(values: Sequence[float]) -> dict[str, Any]:
@@ -214,8 +215,6 @@ def _median_interval(values: Sequence[float]) -> dict[str, Any]:
 
 
 def compare_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    from ersd.bench.watermark import rate
-
     out: dict[str, Any] = {}
     for temp in sorted({r["temperature"] for r in runs}):
         block: dict[str, Any] = {}

@@ -288,7 +288,7 @@ class ConfidenceDraftSession(ModelDraftSession):
 
 def baseline_drafter(spec: Any, drafter: Any, method: Method) -> ConfidenceDrafter:
     """The drafter of ``dynamic:K[@D]`` (a :class:`~ersd.drafting.dynamic.DynamicSpec`) for a
-    baseline ``method`` (through :func:`ersd.drafting.dynamic.dynamic_drafter`)."""
+    baseline ``method`` (through :func:`ersd.drafting.grown.dynamic_drafter`)."""
     from ersd.drafting.dynamic import DynamicDrafter
 
     if confidence_mode(method) is None:

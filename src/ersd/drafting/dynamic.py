@@ -17,7 +17,8 @@ get the same specs grown from the draft's confidence instead (their i.i.d. lanes
 margin): :mod:`ersd.drafting.confidence`.  At temperature 0 the tree is a chain of
 ``min(K, depth cap)`` greedy tokens.
 
-Spec strings (parsed by :mod:`ersd.tree_spec`; :func:`dynamic_drafter` makes their drafter):
+Spec strings (parsed by :mod:`ersd.tree_spec`; their drafter is made by
+:func:`ersd.drafting.grown.dynamic_drafter`):
 ``dynamic:K`` (depth cap K), ``dynamic:K@D`` (depth cap D), ``dynamic-cost:K[@D]`` (cost-aware;
 the drafter must carry a cost model).  Without a calibrated predictor the drafter starts from a
 weak prior and learns online from its own observations: at each verified context the emitted
@@ -30,12 +31,12 @@ import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from ersd.drafting.base import Drafter, Proposal
+from ersd.drafting.base import Proposal
 from ersd.drafting.model import ModelDrafter, ModelDraftSession
 from ersd.drafting.policy import CostState, OpenContext, StepCosts, plan_round
 from ersd.errors import GenerationInputError, UnsupportedTreeError
@@ -47,9 +48,6 @@ from ersd.race import STREAM_RACE, RaceNoise, race_scores
 from ersd.theory.margin import MarginPredictor, MarginTable, race_margin
 from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeShape
 from ersd.tree_spec import DynamicSpec, parse_dynamic
-
-if TYPE_CHECKING:
-    from ersd.drafting.confidence import ConfidenceDrafter
 
 
 def check_budget(budget: Any, max_depth: Any) -> None:
@@ -475,35 +473,6 @@ class DynamicDraftSession(RaceDraftSession):
         return tree
 
 
-def dynamic_drafter(
-    spec: DynamicSpec, drafter: Drafter | None, method: Method
-) -> DynamicDrafter | ConfidenceDrafter:
-    """The drafter that grows ``spec``'s trees for ``method`` from ``drafter``: for ERSD a
-    :class:`DynamicDrafter` (``drafter``'s model, or ``drafter`` itself reconfigured), for SD /
-    SpecInfer / SpecTr a confidence-grown one (:mod:`ersd.drafting.confidence`).  Its
-    ``depth_cap`` bounds the trees (the loop's envelope shape is a chain of that depth)."""
-    from ersd.drafting.confidence import baseline_drafter
-
-    if not isinstance(method, ERSD):  # SD / SpecInfer / SpecTr: grown from the draft's confidence
-        return baseline_drafter(spec, drafter, method)
-    if isinstance(drafter, DynamicDrafter):
-        return drafter.configured(spec)
-    if isinstance(drafter, ModelDrafter):
-        if spec.cost_aware:
-            raise GenerationInputError(
-                f"tree {spec.spec!r} is cost-aware and needs forward-time curves: pass "
-                "draft=ersd.drafting.DynamicDrafter(model, costs=...) (e.g. the CostModel of an "
-                "`ersd bench calibrate` file)",
-                param="tree",
-            )
-        return DynamicDrafter(drafter.model, spec.budget, max_depth=spec.max_depth)
-    raise GenerationInputError(
-        f"tree {spec.spec!r} needs a draft model (or an ersd.drafting.DynamicDrafter), got a "
-        f"{type(drafter).__name__}",
-        param="tree",
-    )
-
-
 __all__ = [
     "DynamicDraftSession",
     "DynamicDrafter",
@@ -513,6 +482,5 @@ __all__ = [
     "RaceDraftSession",
     "SharpnessFit",
     "as_predictor",
-    "dynamic_drafter",
     "parse_dynamic",
 ]

@@ -210,6 +210,14 @@ class HFModel:
 
         return score_batch(self, sessions, calls)
 
+    def forward_slots(self, rows: Sequence[Any]) -> list[torch.Tensor]:
+        """Scores ``(index, session, mask plan)`` rows held in slots of the batched storage in
+        one forward (:func:`ersd.models.hf_batch.forward_slots`); a slot-held session scores
+        itself alone through it."""
+        from ersd.models.hf_batch import forward_slots
+
+        return forward_slots(self, rows)
+
     def check_compatible(self, other: TextModel) -> None:
         """Raise :class:`ersd.VocabularyMismatchError` unless ``other`` tokenizes exactly like
         ``self``: the verifier compares the two models' probabilities token id by token id."""

@@ -196,9 +196,7 @@ class HFSession:
         owner = self.owner
         plan = self.plan_mask(tokens, parents, depths)
         if self._slot is not None:  # scored on its slot of the batched storage, alone
-            from ersd.models.hf_batch import forward_slots
-
-            return forward_slots(owner, [(0, self, plan)])[0]
+            return owner.forward_slots([(0, self, plan)])[0]
         mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
         if plan.allowed is not None:
             mask = owner._additive(plan.allowed)

@@ -7,7 +7,7 @@ with ``--toy``), ERSD and the baselines, chains and trees, T = 1, 0.7 with top-p
 watermark, batched and one by one -- and compares the token lists.  Used for issue 28 against
 main (the batched step must not change a single token):
 
-    python scripts/compare_texts.py --old /work/main/src --new src --out texts.json
+    python -m research.compare_texts --old /work/main/src --new src --out texts.json
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ same tokens, checked), alternating, for every ``--batch`` and ``--tree``
 given (comma-separated), ``--repeats`` pairs each: each run's non-forward share of the decode
 steps and tokens/s, then per configuration the medians and the paired ratio.  Run alone:
 
-    python scripts/profile_batch.py --batch 8 --tokens 24
-    python scripts/profile_batch.py --batch 8 --tokens 24 --compare-workers --repeats 3
-    python scripts/profile_batch.py --batch 1,8 --tree chain:4,multi:2x3 --compare-verify
+    python -m research.profile_batch --batch 8 --tokens 24
+    python -m research.profile_batch --batch 8 --tokens 24 --compare-workers --repeats 3
+    python -m research.profile_batch --batch 1,8 --tree chain:4,multi:2x3 --compare-verify
 """
 
 from __future__ import annotations

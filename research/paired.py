@@ -1,6 +1,6 @@
 """ERSD trees against SD's chain on the *same* target texts (issue 16): a paired estimate.
 
-A tested estimator (``tests/test_paired_trees.py``), run as ``python -m ersd.bench.paired``.
+A tested estimator (``tests/test_paired_trees.py``), run as ``python -m research.paired``.
 
 At T > 0 every method samples its own text, so a benchmark compares block efficiencies measured on
 different texts, and on a few dozen prompts its intervals are wider (±10-25%) than the gaps that
@@ -25,7 +25,7 @@ calibrate`` would. Per prompt, ``tokens / calls`` of each configuration and its 
 Student-t 95% intervals over prompts. Predicted tokens/s ratios use forward-time curves
 (``--costs``: a calibration file) with the simulated tree sizes and draft forwards.
 
-    python -m ersd.bench.paired --prompts 10 --calib-prompts 8 --tokens 64 \
+    python -m research.paired --prompts 10 --calib-prompts 8 --tokens 64 \
         --temperatures 0.7 1.0 --budget 8 --sharpness 1.0 1.3 --repeats 2 --out paired.json
 """
 

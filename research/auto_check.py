@@ -16,13 +16,13 @@ auto and plain per token into the target's forwards (``target_ms/token``: the sa
 auto drafts nothing) and everything else a step does (``loop_ms/token``: choosing, verifying,
 committing, drafting) -- auto's own cost, apart from the machine's noise in the forwards.
 
-    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 \\
+    python -m research.auto_check --backend llamacpp --threads 2 --tokens 96 \\
         --temperatures 0 1 --per-set 2 --fixed --out llamacpp.json
-    python -m ersd.bench.auto_check --backend hf --draft-dtype int8 --tokens 48 \\
+    python -m research.auto_check --backend hf --draft-dtype int8 --tokens 48 \\
         --temperatures 0 1 --per-set 2 --fixed chain:4 chain:6 --out hf.json
-    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 --repeats 3 \\
+    python -m research.auto_check --backend llamacpp --threads 2 --tokens 96 --repeats 3 \\
         --temperatures 0 1 --per-set 2 --control --out llamacpp-control.json
-    python -m ersd.bench.auto_check --backend llamacpp --threads 2 --tokens 96 --batch 8 \\
+    python -m research.auto_check --backend llamacpp --threads 2 --tokens 96 --batch 8 \\
         --repeats 3 --temperatures 0 1 --per-set 2 --out llamacpp-b8.json
 """
 

@@ -1,8 +1,8 @@
 """What ``tree="auto"`` chooses, and predicts, per batch size: a table for reports.
 
-    python scripts/auto_predictions.py                      # built-in curves, example profile
-    python scripts/auto_predictions.py --calibration calib.json --batch-sizes 1 4 8
-    python scripts/auto_predictions.py --measure qwen2.5-coder-1.5b qwen2.5-coder-0.5b \
+    python -m research.auto_predictions                      # built-in curves, example profile
+    python -m research.auto_predictions --calibration calib.json --batch-sizes 1 4 8
+    python -m research.auto_predictions --measure qwen2.5-coder-1.5b qwen2.5-coder-0.5b \
         --backend llamacpp --batch-sizes 1 4 8 --json out.json
 
 Curves: ``llamacpp-2core`` is the llama.cpp curve measured on this 2-core machine (issue 15:

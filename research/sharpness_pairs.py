@@ -7,7 +7,7 @@ what the drafter proposes, and the comparison is paired on identical texts (unli
 with SD, which samples its own). SD chain:K runs alongside for reference. Configurations rotate
 from prompt to prompt; ratios are paired per prompt with Student-t 95% intervals.
 
-    python scripts/sharpness_pairs.py --prompts 10 --tokens 64 --budget 8 --sharpness 1.15 \
+    python -m research.sharpness_pairs --prompts 10 --tokens 64 --budget 8 --sharpness 1.15 \
         --temperatures 0.7 1.0 --out sharpness-pairs.json
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 import ersd
-from ersd.bench.paired import common_args, t_interval
 from ersd.bench.prompts import encode_prompt, load_prompts
 from ersd.methods.ersd import ERSD
 from ersd.models.hf_load import load
+from research.paired import common_args, t_interval
 
 
 def main() -> None:

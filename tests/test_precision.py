@@ -1,0 +1,214 @@
+"""Issue 47: the configuration choice by measurement (a fake cost store) and honest bfloat16
+(the identity check before a run, the margin report after it).
+
+The choice is tested on stand-in stores and records: which candidate wins must follow the stored
+curves and the recorded identity checks, never the CPU.  The identity check and the margin
+report run on SmolLM2 (``realmodel``): float32 and bfloat16 on this machine, compared, and a
+deliberately width-dependent stand-in model that the check must catch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ersd.cost_store import CostStore, model_key
+from ersd.costs import DEFAULT_SIZES
+from ersd.models.config_choice import CANDIDATES, Described, choose_config, describe_as
+from ersd.models.precision import IdentityCheck, IdentityRecords, check_tree_identity
+
+ENV = {"cpu": "fake", "torch_threads": 1}
+
+
+def _describe(name: str, dtype: str) -> dict[str, Any]:
+    return {"backend": "hf", "name": name, "dtype": dtype, "device": "cpu"}
+
+
+def _stores(tmp_path: Path) -> tuple[CostStore, IdentityRecords]:
+    return CostStore(tmp_path, env=lambda: ENV), IdentityRecords(tmp_path, env=lambda: ENV)
+
+
+def _put_curves(store: CostStore, dtype: str, draft_dtype: str, t: float, d: float) -> None:
+    tm, dm = Described(_describe("T", dtype)), Described(_describe("D", draft_dtype))
+    store.put_curve(tm, 1, DEFAULT_SIZES, [t * (1 + 0.1 * i) for i in range(len(DEFAULT_SIZES))])
+    store.put_curve(dm, 1, DEFAULT_SIZES, [d] * len(DEFAULT_SIZES))
+
+
+def _record(records: IdentityRecords, dtype: str, diff: float) -> None:
+    key = model_key(Described(_describe("T", dtype)))
+    records.put(key, IdentityCheck(diff == 0.0, diff, 6, dtype))
+
+
+def _choose(store: CostStore, records: IdentityRecords) -> Any:
+    return choose_config("T", "D", store=store, records=records, describe=_describe)
+
+
+def test_nothing_stored_gives_the_invariant_default_and_says_so(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    c = _choose(store, records)
+    assert (c.dtype, c.draft_dtype, c.tree, c.measured) == ("float32", "int8", "chain:6", False)
+    assert "ersd models calibrate" in c.reason and "bfloat16 <- bfloat16 left out" in c.reason
+
+
+def test_faster_bf16_is_chosen_only_when_it_keeps_the_identity(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    _put_curves(store, "float32", "int8", t=0.30, d=0.06)
+    _put_curves(store, "bfloat16", "bfloat16", t=0.10, d=0.03)  # 3x cheaper target
+    # not checked: bf16 is not eligible however fast
+    c = _choose(store, records)
+    assert c.dtype == "float32" and c.measured
+    assert (
+        c.table["bfloat16 <- bfloat16"]["predicted_tokens_per_second"]
+        > (c.table["float32 <- int8"]["predicted_tokens_per_second"])
+    )
+    # checked and width-dependent (as on an AMX Xeon): still float32
+    _record(records, "bfloat16", 0.56)
+    c = _choose(store, records)
+    assert c.dtype == "float32" and "differ from one-token rows by 0.56" in c.reason
+    # checked and bit-identical: the faster one wins
+    _record(records, "bfloat16", 0.0)
+    c = _choose(store, records)
+    assert (c.dtype, c.draft_dtype) == ("bfloat16", "bfloat16") and c.measured
+
+
+def test_the_cheaper_measured_configuration_wins_either_way(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    _record(records, "bfloat16", 0.0)
+    _put_curves(store, "float32", "int8", t=0.10, d=0.02)
+    _put_curves(store, "bfloat16", "bfloat16", t=0.30, d=0.10)  # bf16 slower (an AVX2 CPU)
+    assert _choose(store, records).dtype == "float32"
+
+
+def test_float32_rounding_differences_keep_it_eligible_larger_ones_do_not(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    _put_curves(store, "float32", "int8", t=0.30, d=0.06)
+    _record(records, "float32", 5e-5)  # rounding order (measured on an AMX Xeon)
+    c = _choose(store, records)
+    assert c.table["float32 <- int8"]["eligible"] and c.measured
+    _record(records, "float32", 0.3)
+    c = _choose(store, records)
+    assert not c.table["float32 <- int8"]["eligible"] and not c.measured
+
+
+def test_measurements_of_another_machine_are_not_used(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    _put_curves(store, "float32", "int8", t=0.30, d=0.06)
+    _put_curves(store, "bfloat16", "bfloat16", t=0.10, d=0.03)
+    _record(records, "bfloat16", 0.0)
+    other = {"cpu": "another", "torch_threads": 1}
+    c = choose_config(
+        "T",
+        "D",
+        store=CostStore(tmp_path, env=lambda: other),
+        records=IdentityRecords(tmp_path, env=lambda: other),
+        describe=_describe,
+    )
+    assert not c.measured and c.dtype == "float32"
+
+
+def test_a_stored_profile_picks_the_tree_too(tmp_path: Path) -> None:
+    store, records = _stores(tmp_path)
+    _put_curves(store, "float32", "int8", t=0.30, d=0.06)
+    tm, dm = Described(_describe("T", "float32")), Described(_describe("D", "int8"))
+    store.put_profile(tm, dm, "ersd", 1.0, [[0.95, 0.03]] * 8, 500)
+    sharp = _choose(store, records)
+    store.put_profile(tm, dm, "ersd", 1.0, [[0.2, 0.1]] * 8, 500)
+    weak = _choose(store, records)
+    # a draft that is nearly always right: a deep chain; a weak one: a shallow tree
+    assert sharp.tree != weak.tree
+    assert (
+        sharp.table["float32 <- int8"]["predicted_tokens_per_second"]
+        > (weak.table["float32 <- int8"]["predicted_tokens_per_second"])
+    )
+
+
+# --- on SmolLM2 -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm_prompt() -> list[int]:
+    pytest.importorskip("transformers")
+    import ersd
+
+    m = ersd.load_model("smollm2-135m", dtype="float32")
+    return m.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it")
+
+
+@pytest.mark.realmodel
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_describe_as_predicts_the_loaded_models_description(dtype: str) -> None:
+    pytest.importorskip("transformers")
+    import ersd
+
+    info = ersd.load_model("smollm2-135m", dtype=dtype).describe()
+    info.pop("tree_attention")
+    assert describe_as("smollm2-135m", dtype) == info
+
+
+@pytest.mark.realmodel
+@pytest.mark.usefixtures("one_torch_thread")
+def test_identity_check_tells_float32_from_bfloat16(smollm_prompt: list[int]) -> None:
+    """Measured on SmolLM2: float32 (prepacked) tree rows equal one-token rows up to rounding
+    order; bfloat16 ones do not, by far more -- the check must say so before a run."""
+    import ersd
+
+    f32 = check_tree_identity(ersd.load_model("smollm2-135m", dtype="float32"), smollm_prompt)
+    bf16 = check_tree_identity(ersd.load_model("smollm2-135m", dtype="bfloat16"), smollm_prompt)
+    assert f32.max_abs_diff <= 1e-3
+    assert bf16.max_abs_diff > 100 * max(f32.max_abs_diff, 1e-6)
+    assert not bf16.identical and "can differ" in bf16.summary()
+
+
+class _WidthDependent:
+    """A model whose scoring adds 1e-2 to every row of a call of more than two rows (a kernel
+    whose rounding depends on the batch width): the check must catch it."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def start(self, prompt: list[int]) -> Any:
+        inner = self.model.start(prompt)
+
+        class S:
+            def score(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+                rows = inner.score(tokens, parents)
+                return rows + 1e-2 if len(tokens) >= 2 else rows
+
+            def commit(self, tokens: list[int], path: list[int]) -> None:
+                inner.commit(tokens, path)
+
+        return S()
+
+
+@pytest.mark.realmodel
+@pytest.mark.usefixtures("one_torch_thread")
+def test_identity_check_catches_a_width_dependent_kernel(smollm_prompt: list[int]) -> None:
+    import ersd
+
+    model = ersd.load_model("smollm2-135m", dtype="float32")
+    honest = check_tree_identity(model, smollm_prompt)
+    broken = check_tree_identity(_WidthDependent(model), smollm_prompt)
+    assert broken.max_abs_diff >= 1e-2 - 1e-4 > honest.max_abs_diff
+
+
+@pytest.mark.realmodel
+@pytest.mark.usefixtures("one_torch_thread")
+def test_margin_report_on_bf16_and_float32(smollm_prompt: list[int]) -> None:
+    """The per-text report: the smallest race margin and whether it was within reach of the
+    measured numeric error.  In bfloat16 (error ~0.5) a 48-token text at T = 1 has near ties
+    within reach; with a zero error no flip is possible whatever the margins."""
+    import ersd
+    from ersd.models.precision import race_margins
+
+    model = ersd.load_model("smollm2-135m", dtype="bfloat16")
+    check = check_tree_identity(model, smollm_prompt)
+    res = ersd.generate(model, None, smollm_prompt, max_new_tokens=48, seed=3)
+    rep = race_margins(model, smollm_prompt, res.tokens, error=check.max_abs_diff, seed=3)
+    assert rep.min_margin >= 0 and rep.threshold == pytest.approx(2 * check.max_abs_diff)
+    assert rep.flip_possible and "lucky" in rep.summary()
+    exact = race_margins(model, smollm_prompt, res.tokens, error=0.0, seed=3)
+    assert not exact.flip_possible and exact.min_margin == pytest.approx(rep.min_margin)

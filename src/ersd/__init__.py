@@ -84,7 +84,13 @@ _LAZY: dict[str, str] = {
 }
 
 
+#: submodules reachable as attributes without an import (``ersd.transformers.generate``)
+_SUBMODULES = ("transformers",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # importing the submodule binds it on the package
+        return importlib.import_module(f"ersd.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ersd' has no attribute {name!r}")

@@ -44,6 +44,12 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.hf_tokenizer.encode(text)]
 
+    def __call__(self, text: Any, **kwargs: Any) -> Any:
+        """Tokenize like the wrapped transformers tokenizer: ``tok("text")`` gives a
+        ``BatchEncoding`` with ``input_ids`` and ``attention_mask`` (``return_tensors="pt"``,
+        ``padding=True``, ... pass through), so ``model.generate(**tok(...))`` works."""
+        return self.hf_tokenizer(text, **kwargs)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 

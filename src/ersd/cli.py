@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "serve": "ersd.commands.serve:serve",
     "watermark": "ersd.commands.watermark:watermark",
     "audit": "ersd.commands.watermark:audit",
+    "transformers": "ersd.commands.transformers:transformers",
 }
 
 _HELP = {
@@ -29,6 +30,7 @@ _HELP = {
     "serve": "Serve a model over an OpenAI-compatible HTTP API (streaming, continuous batching).",
     "watermark": "Watermark key files and the model-free detector (docs/watermark.md).",
     "audit": "Check that a text is exactly what a target samples with a seed (and key).",
+    "transformers": "Run ersd inside transformers' generate: export the custom_generate folder.",
 }
 
 

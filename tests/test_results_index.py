@@ -3,7 +3,8 @@
 Reads whatever README.md and docs/**/*.md are on disk. A markdown link is an inline link or image
 (`[text](target)`, `![alt](target)`) or a reference definition (`[label]: target`) outside fenced
 code blocks and inline code spans; a relative target is resolved from the linking file's folder,
-its `#anchor` and `?query` dropped.
+its `#anchor` and `?query` dropped. A doc also cites a study by naming its path in an inline code
+span (`` `docs/results/NAME/` ``, from the repository root): those are checked the same way.
 """
 
 from __future__ import annotations
@@ -21,24 +22,40 @@ _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 _INLINE = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 _EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, ...
+_CITED_PATH = re.compile(r"^docs/results/[^\s<>*{}$]*$")  # a whole code span, a concrete path
+
+
+def _prose_lines(path: Path):
+    """(line number, line) of the file outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
 
 
 def markdown_links(path: Path) -> list[tuple[int, str]]:
     """(line number, target) of every markdown link in the file, code excluded."""
     links: list[tuple[int, str]] = []
-    fenced = False
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if _FENCE.match(line):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
+    for number, line in _prose_lines(path):
         line = _CODE_SPAN.sub("", line)
         links.extend((number, m.group(1)) for m in _INLINE.finditer(line))
         ref = _REFERENCE.match(line)
         if ref:
             links.append((number, ref.group(1)))
     return links
+
+
+def cited_paths(path: Path) -> list[tuple[int, str]]:
+    """(line number, path) of every inline code span that is a path under docs/results/."""
+    cited = []
+    for number, line in _prose_lines(path):
+        for match in _CODE_SPAN.finditer(line):
+            text = match.group(0).strip("`").strip()
+            if _CITED_PATH.match(text):
+                cited.append((number, text))
+    return cited
 
 
 def resolve(source: Path, target: str) -> Path | None:
@@ -66,7 +83,8 @@ def links_into_results() -> list[tuple[Path, int, str, Path]]:
 
     A link counts when it resolves under docs/results/, or when its text names `docs/results/`
     (so `docs/results/x` written from docs/foo.md, which resolves to docs/docs/results/x, is
-    checked and reported rather than passed over).
+    checked and reported rather than passed over). A code span naming `docs/results/...` is
+    resolved from the repository root.
     """
     found = []
     for source in linking_files():
@@ -76,6 +94,8 @@ def links_into_results() -> list[tuple[Path, int, str, Path]]:
                 continue
             if _under_results(path) or "docs/results/" in target:
                 found.append((source, line, target, path))
+        for line, cited in cited_paths(source):
+            found.append((source, line, f"`{cited}`", (ROOT / cited.split("#", 1)[0]).resolve()))
     return found
 
 
@@ -86,7 +106,8 @@ def test_the_link_finder_finds_and_resolves_links(tmp_path):
         'See [a](results/x/README.md#top) and ![fig](../img.png "title").\n'
         "`[not](a-link)` and [web](https://example.org/results/x)\n"
         "```\n[inside](a/fence)\n```\n"
-        "[ref]: results/y.md\n",
+        "[ref]: results/y.md\n"
+        "Cited as `docs/results/z/` and `docs/results/<folder>/`, `--out docs/results/w.jsonl`.\n",
         encoding="utf-8",
     )
     assert markdown_links(page) == [
@@ -95,6 +116,7 @@ def test_the_link_finder_finds_and_resolves_links(tmp_path):
         (2, "https://example.org/results/x"),
         (6, "results/y.md"),
     ]
+    assert cited_paths(page) == [(7, "docs/results/z/")]
     assert resolve(page, "results/x/README.md#top") == (page.parent / "results/x/README.md")
     assert resolve(page, "https://example.org/results/x") is None
     assert resolve(page, "#anchor") is None

@@ -17,7 +17,7 @@ import torch
 
 from ersd.cost_store import CostStore, model_key
 from ersd.costs import DEFAULT_SIZES
-from ersd.models.config_choice import CANDIDATES, Described, choose_config, describe_as
+from ersd.models.config_choice import Described, choose_config, describe_as
 from ersd.models.precision import IdentityCheck, IdentityRecords, check_tree_identity
 
 ENV = {"cpu": "fake", "torch_threads": 1}
@@ -212,3 +212,72 @@ def test_margin_report_on_bf16_and_float32(smollm_prompt: list[int]) -> None:
     assert rep.flip_possible and "lucky" in rep.summary()
     exact = race_margins(model, smollm_prompt, res.tokens, error=0.0, seed=3)
     assert not exact.flip_possible and exact.min_margin == pytest.approx(rep.min_margin)
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def test_config_auto_refuses_the_options_it_sets() -> None:
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    res = CliRunner().invoke(main, ["generate", "--config", "auto", "--dtype", "bfloat16", "hi"])
+    assert res.exit_code == 2 and "--config auto chooses --dtype itself" in res.output
+    res = CliRunner().invoke(
+        main, ["generate", "--config", "auto", "--backend", "llamacpp", "--draft", "x", "hi"]
+    )
+    assert res.exit_code == 2 and "--tree auto instead" in res.output
+
+
+@pytest.mark.realmodel
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generate_says_before_the_run_whether_identity_holds(
+    dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The identity line comes before any generated text; bfloat16 is flagged, its JSON carries
+    the margin report; the check is recorded and read by the next run and by --config auto."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    args = ["generate", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--dtype", dtype]
+    args += ["--tree", "chain:3", "--max-new-tokens", "16", "--seed", "5", "--json", "Hi there"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "[identity: " in res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["identity"]["dtype"] == dtype
+    if dtype == "bfloat16":
+        assert "WARNING" in res.stderr and out["margins"]["threshold"] > 0.1
+        assert isinstance(out["margins"]["flip_possible"], bool)
+    else:
+        assert "WARNING" not in res.stderr
+        assert out["identity"]["max_abs_diff"] <= 1e-3
+    recorded = json.loads((tmp_path / "identity.json").read_text())
+    assert any(f'"dtype": "{dtype}"' in key for key in recorded)
+    if dtype == "bfloat16":
+        # recorded as not keeping the identity: --config auto leaves bf16 out, and says why
+        res = CliRunner().invoke(
+            main,
+            [
+                "generate",
+                "--target",
+                "smollm2-135m",
+                "--draft",
+                "smollm2-135m",
+                "--config",
+                "auto",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                "Hi",
+            ],
+        )
+        assert res.exit_code == 0, res.output
+        assert "config auto: target float32, draft int8" in res.stderr
+        assert "bfloat16 <- bfloat16 left out: its tree rows differ" in res.stderr

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ersd.commands._loading import ModelArgs, load_pair, model_options
+from ersd.commands._precision import apply_config_auto, identity_before_run, margins_after_run
 from ersd.methods.catalog import METHOD_NAMES
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
@@ -112,6 +113,14 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "more confident than its draft, e.g. 1.15 on the Qwen pair). Never changes the text, only "
     "how much is accepted; fit it with `ersd bench calibrate` (docs/dynamic-trees.md).",
 )
+@click.option(
+    "--config",
+    type=click.Choice(["auto"]),
+    default=None,
+    help="auto: target/draft dtypes and tree chosen among the configurations that keep ERSD's "
+    "text equal to target-only sampling on this machine, by its stored measurements (`ersd "
+    "models calibrate`), not CPU flags; docs/models.md#choosing-a-configuration.",
+)
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=None)
 @click.option("--top-p", type=float, default=None)
@@ -175,6 +184,7 @@ def generate(
     method: str,
     tree: str,
     draft_sharpness: float,
+    config: str | None,
     temperature: float,
     top_k: int | None,
     top_p: float | None,
@@ -217,6 +227,8 @@ def generate(
     prompt = _check_utf8(prompt) if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
+        if config == "auto":
+            models, tree = apply_config_auto(models, tree, temperature, log)
         meth = ersd_method(method, draft_sharpness)
         # every tree kind parses once, at the request's temperature (ersd.tree_spec): fixed
         # shapes, optimal:K@FILE, auto (chosen per step) and dynamic:K[@D] (grown per step)
@@ -234,6 +246,7 @@ def generate(
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         pair = load_pair(models)
         log(f"[loaded in {pair.seconds:.1f}s: {pair.summary()}]")
+        identity = identity_before_run(pair, meth, log)  # said before the run, not after
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             method=meth,
@@ -264,6 +277,9 @@ def generate(
             return
         out_obj = _generate_one(
             pair, prompt, kwargs, tree, chat=chat, compare=compare, as_json=as_json
+        )
+        out_obj.update(
+            margins_after_run(pair, out_obj.pop("_ids"), out_obj["tokens"], kwargs, identity, log)
         )
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
@@ -341,6 +357,7 @@ def _generate_one(
         click.echo(_stats_block(res, wall))
     if compare and dmodel is not None:
         out.update(_compare(pair, ids, kwargs, res, log))
+    out["_ids"] = ids
     return out
 
 

@@ -4,22 +4,20 @@
 # with ERSD and compare with target-only sampling (same seed): the texts are identical and the
 # speedup is printed. Extra options go to `ersd generate`.
 #
-# dtypes: on CPUs with native bfloat16 (avx512_bf16 / AMX) a bf16 forward of a few tokens costs
-# about one token's, so both models run in bf16 on a small tree. Without it (AVX2 only) bf16
-# forwards cost ~k times more for k tokens; there the float32 target with oneDNN-prepacked linear
-# layers (packed for a tree: a 4-token forward costs ~1.3x a 1-token one) and an int8-quantized draft (0.06 s per
-# level) on a chain are fastest, and the identity check is bit-exact. See docs/models.md.
+# Configuration: `--config auto` picks the target/draft dtypes and the tree among the
+# configurations whose ERSD text equals target-only sampling on THIS machine (a bfloat16 target
+# only if its tree rows were measured equal to its one-token rows here), by the forward costs
+# stored by `ersd models calibrate` -- not by CPU flags. With nothing stored it runs the
+# invariant default (float32 target with oneDNN-prepacked linears <- int8 draft, chain:6) and
+# says which calibrate command would measure the others. Before the run `ersd generate` says
+# whether the target's tree rows equal its one-token rows (measured once per machine); after it,
+# the text's smallest race margin and whether a flip was possible. See docs/models.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ersd models prepare qwen2.5-coder-0.5b qwen2.5-coder-1.5b
-if grep -q -m1 -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
-  dtypes=(--dtype bfloat16 --draft-dtype bfloat16 --tree multi:2x3)
-else
-  dtypes=(--dtype float32 --draft-dtype int8 --tree chain:6)
-fi
-ersd generate --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b "${dtypes[@]}" \
+ersd generate --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --config auto \
   --method ersd --temperature 1.0 --seed 0 --max-new-tokens 128 --chat --compare "$@" \
   "Write a Python function that returns the n-th Fibonacci number, with a docstring."

@@ -147,6 +147,7 @@ class Row:
             method=label or self.settings.method.name,
             tree=self.settings.label,
             wall_time=time.perf_counter() - self.started,
+            race_scheme=self.settings.noise.scheme,
         )
 
     def close(self) -> None:
@@ -185,6 +186,7 @@ class BatchEngine:
         self.drafter = as_drafter(draft)
         self.noise = RaceNoise(target.vocab_size, cache_size=512)
         self._watermark_noise: dict[Watermark, RaceNoise] = {}  # one noise per watermark
+        self._scheme_noise: dict[str, RaceNoise] = {}  # the other race schemes' noises
         self._rows: dict[int, Row] = {}
         self._ids = itertools.count()
         self.last_step = StepTimes()
@@ -236,6 +238,10 @@ class BatchEngine:
                 f"give add() a Request or a prompt with keywords, not both (got {sorted(keywords)})"
             )
         noise = self.noise
+        if request.race_scheme != noise.scheme:  # one noise (and cache) per race scheme
+            noise = self._scheme_noise.get(request.race_scheme) or self._scheme_noise.setdefault(
+                request.race_scheme, request.noise(self.target.vocab_size, 512)
+            )
         if request.watermark is not None:
             noise = self._watermark_noise.get(
                 request.watermark
@@ -543,6 +549,7 @@ def generate_batch(
     sampling: SamplingParams | None = None,
     max_batch_size: int | None = None,
     watermark: Watermark | None = None,
+    race_scheme: str = "v1",
 ) -> list[GenerationResult]:
     """Generate for many prompts at once; one :class:`GenerationResult` per prompt, in order.
 
@@ -567,6 +574,7 @@ def generate_batch(
         min_p=min_p,
         eos_token_id=eos_token_id,
         watermark=watermark,
+        race_scheme=race_scheme,
     )
     results: dict[int, GenerationResult] = {}
     for index, _, res in run_requests(target, drafter, requests, max_batch_size):

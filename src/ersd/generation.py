@@ -305,6 +305,7 @@ def generate_stream(
     sampling: SamplingParams | None = None,
     min_forward_tokens: int = 1,
     watermark: Watermark | None = None,
+    race_scheme: str = "v1",
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
@@ -323,6 +324,7 @@ def generate_stream(
         eos_token_id=eos_token_id,
         min_forward_tokens=min_forward_tokens,
         watermark=watermark,
+        race_scheme=race_scheme,
     )
     yield from run(target, request, request.resolve(target, drafter))
 
@@ -345,6 +347,7 @@ def generate(
     min_forward_tokens: int = 1,
     label: str | None = None,
     watermark: Watermark | None = None,
+    race_scheme: str = "v1",
 ) -> GenerationResult:
     """Sample up to ``max_new_tokens`` tokens from ``target`` after ``prompt``.
 
@@ -364,6 +367,9 @@ def generate(
     ``h`` generated tokens: every emitted token carries the mark :func:`ersd.watermark.detect`
     finds, the text keeps the target's exact law over keys, and ERSD keeps its acceptance and
     its drafter invariance (:mod:`ersd.watermark`, docs/watermark.md).
+    ``race_scheme`` picks how the races are drawn: ``"v1"`` (NumPy's Philox, the default: every
+    earlier seed's text) or ``"v2"`` (the blocked splitmix64 race, faster; docs/race-schemes.md);
+    the result records it.
     The keywords make one :class:`ersd.request.Request`, checked before anything runs.
     """
     t0 = time.perf_counter()
@@ -383,6 +389,7 @@ def generate(
         eos_token_id=eos_token_id,
         min_forward_tokens=min_forward_tokens,
         watermark=watermark,
+        race_scheme=race_scheme,
     )
     settings = request.resolve(target, drafter)
     steps = list(run(target, request, settings))
@@ -391,4 +398,5 @@ def generate(
         method=label or settings.method.name,
         tree=settings.label,
         wall_time=time.perf_counter() - t0,
+        race_scheme=settings.noise.scheme,
     )

@@ -34,6 +34,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,6 +54,24 @@ STREAM_RESIDUAL = 3 << 20
 #: (keyed by the watermark's derived keys, :mod:`ersd.watermark.keyed`; unkeyed otherwise).
 STREAM_KEY_A = 4 << 20
 STREAM_KEY_B = 5 << 20
+
+
+#: The race schemes: how a (key, stream) becomes the race's exponentials.  ``"v1"`` (the default)
+#: is NumPy's Philox feeding its ziggurat over the whole vocabulary; ``"v2"`` is the blocked
+#: splitmix64 race (:func:`v2_exponentials`), whose winner is found by evaluating only the blocks
+#: of tokens that can win.  A text reproduces only under the scheme it was made with.
+RACE_SCHEMES = ("v1", "v2")
+DEFAULT_RACE_SCHEME = "v1"
+
+
+def check_race_scheme(scheme: object) -> str:
+    """``scheme`` if it names a race scheme, else a one-line :class:`ValueError` naming them."""
+    if not isinstance(scheme, str) or scheme not in RACE_SCHEMES:
+        raise ValueError(
+            f"race_scheme must be one of {', '.join(map(repr, RACE_SCHEMES))} (v1: the default "
+            f"NumPy Philox race; v2: the faster blocked race), got {scheme!r}"
+        )
+    return scheme
 
 
 def _mix64(x: int) -> int:
@@ -93,6 +112,201 @@ def extend_key_many(key: int, tokens: Iterable[int]) -> int:
     return key
 
 
+# --- race scheme "v2": the blocked splitmix64 race --------------------------------------------
+#
+# The vocabulary is cut into blocks of V2_BLOCK = 64 token ids (the last block is padded with ids
+# past the vocabulary, whose noise is never used).  For block b, splitmix64 of the race's block
+# seed gives one word: its top 53 bits a uniform U_b, its low 6 bits a position a_b; the block's
+# minimum is M_b = -log(U_b) / 64 and token 64 b + a_b holds it.  Every other token j of the block
+# gets E_j = M_b + (-log U_j), U_j from splitmix64 of the race's token seed at j.  This is the law
+# of 64 i.i.d. Exp(1) (the minimum of n is Exp(n), sits at a uniform place independent of its
+# value, and by memorylessness the others are the minimum plus i.i.d. Exp(1)), and it gives a
+# bound without drawing a block: every token of block b scores E_j / p_j >= M_b / max_b p.  The
+# race winner then needs only the blocks whose bound is at most the best score found
+# (:func:`v2_race_winner`); the full row (:func:`v2_exponentials`) is the reference it equals.
+#
+# Logarithms are :func:`unit_log` (frexp, +, *, / only, each correctly rounded in IEEE
+# arithmetic), so NumPy and torch on any device compute the same bits
+# (:func:`ersd.race_torch.v2_exponentials_torch`), element by element, wherever an element sits.
+
+V2_BLOCK = 64
+_V2_SALT = 0x52414345_56320000  # "RACEV2"
+_TAG_TOKEN, _TAG_BLOCK, _TAG_UNIFORM = 0, 1, 2
+_SQRT_HALF = 0.7071067811865476
+_LN2_HI = 6.93147180369123816490e-01  # fdlibm's split of log(2): e * _LN2_HI is exact
+_LN2_LO = 1.90821492927058770002e-10
+#: 2 / (2n + 1): log(m) = z * sum_n (2 / (2n + 1)) w^n, z = (m - 1) / (m + 1), w = z^2
+_LOG_COEFFS = tuple(2.0 / (2 * n + 1) for n in range(11))
+_U53 = 1.0 / 9007199254740992.0  # 2^-53
+#: a v2 race's per-block minima and their places in the blocks (:func:`v2_block_minima`)
+Minima = tuple[np.ndarray, np.ndarray]
+
+
+def v2_seed(key: int, stream: int, tag: int) -> int:
+    """The splitmix64 state of a v2 race's tokens, blocks or plain uniforms at (key, stream)."""
+    base = _mix64((int(key) & _MASK64) ^ _V2_SALT)
+    return _mix64(base ^ _mix64(((int(stream) & _MASK64) << 2) | tag))
+
+
+def v2_words(seed: int, index: np.ndarray) -> np.ndarray:
+    """splitmix64's outputs number ``index + 1`` from state ``seed`` (uint64 array)."""
+    x = (index.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    x += np.uint64(seed)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def unit_log(u: Any, xp: Any = np) -> Any:
+    """``log(u)`` for ``u`` in (0, 1] (float64), from operations IEEE rounds exactly: the same bits
+    in NumPy (``xp=np``) and torch (``xp=torch``) on any device, for any array layout.  Error
+    within a few ulps (checked against ``math.log`` in the tests)."""
+    m, e = xp.frexp(u)  # u = m 2^e, m in [1/2, 1)
+    low = m < _SQRT_HALF
+    m = xp.where(low, m * 2.0, m)  # m in [sqrt(1/2), sqrt(2))
+    ef = e.astype(np.float64) if xp is np else e.to(u.dtype)
+    ef = ef - low.astype(np.float64) if xp is np else ef - low.to(u.dtype)
+    z = (m - 1.0) / (m + 1.0)  # m - 1 is exact (Sterbenz)
+    w = z * z
+    s = w * _LOG_COEFFS[10] + _LOG_COEFFS[9]
+    for c in reversed(_LOG_COEFFS[:9]):
+        s = s * w + c
+    return ef * _LN2_HI + (z * s + ef * _LN2_LO)
+
+
+def _exp_of_words(x: np.ndarray) -> np.ndarray:
+    """``-log U``, ``U = (top 53 bits + 1) / 2^53`` in (0, 1]: Exp(1) draws >= 0 (float64)."""
+    u = (x >> np.uint64(11)).astype(np.float64)
+    u += 1.0
+    u *= _U53
+    e = unit_log(u)
+    np.negative(e, out=e)
+    np.maximum(e, 0.0, out=e)  # -log(1) is 0; keep the bound E >= M_b exact
+    return e
+
+
+def v2_block_minima(key: int, stream: int, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, a)``: each block's minimum exponential (float64, > 0) and its place in the block."""
+    x = v2_words(v2_seed(key, stream, _TAG_BLOCK), np.arange(n_blocks, dtype=np.uint64))
+    m = _exp_of_words(x)
+    m *= 1.0 / V2_BLOCK  # exact: a power of two
+    np.maximum(m, _TINY, out=m)  # E = 0 would make 0 / 0 possible
+    return m, (x & np.uint64(V2_BLOCK - 1)).astype(np.int64)
+
+
+def v2_exponentials_at(
+    key: int, stream: int, tokens: np.ndarray, minima: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """v2's ``E`` at the token ids ``tokens`` (int64), given the race's :func:`v2_block_minima`."""
+    m, a = minima
+    block = tokens // V2_BLOCK
+    e = _exp_of_words(v2_words(v2_seed(key, stream, _TAG_TOKEN), tokens))
+    mb = m[block]
+    e += mb
+    return np.where(tokens - block * V2_BLOCK == a[block], mb, e)
+
+
+def v2_exponentials(key: int, stream: int, vocab_size: int) -> np.ndarray:
+    """The whole v2 race ``E`` (float64) over ``vocab_size`` tokens: the reference."""
+    minima = v2_block_minima(key, stream, -(-vocab_size // V2_BLOCK))
+    return v2_exponentials_at(key, stream, np.arange(vocab_size, dtype=np.int64), minima)
+
+
+def v2_uniforms(key: int, stream: int, n: int) -> np.ndarray:
+    """``n`` uniforms in [0, 1) (multiples of 2^-53) for (key, stream) under v2."""
+    x = v2_words(v2_seed(key, stream, _TAG_UNIFORM), np.arange(n, dtype=np.uint64))
+    return (x >> np.uint64(11)).astype(np.float64) * _U53
+
+
+def _block_bounds(p: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``M_b / max_b p`` (``+inf`` for a block without mass): no token of block ``b`` scores
+    below it (correctly rounded division is monotone, and ``E_j >= M_b``, ``p_j <= max_b p``)."""
+    v = p.shape[0]
+    full = v - v % V2_BLOCK
+    top = np.empty(m.shape[0])
+    if full:  # torch's reduction over rows of 64 is ~5x NumPy's here
+        top[: full // V2_BLOCK] = torch.from_numpy(p[:full]).view(-1, V2_BLOCK).amax(1).numpy()
+    if full < v:
+        top[-1] = p[full:].max()
+    with np.errstate(divide="ignore"):
+        return m / top
+
+
+def _candidates(bound: np.ndarray, limit: float, v: int, strict: bool = False) -> np.ndarray:
+    """Token ids (ascending) of the blocks whose bound is at most (below) ``limit``."""
+    return _ids_of(np.flatnonzero(bound < limit if strict else bound <= limit), v)
+
+
+def _ids_of(blocks: np.ndarray, v: int) -> np.ndarray:
+    """The token ids of ``blocks`` (ascending block numbers), ascending, below ``v``."""
+    ids = (blocks[:, None] * V2_BLOCK + np.arange(V2_BLOCK)).ravel()
+    return ids[ids < v] if blocks.size and blocks[-1] * V2_BLOCK + V2_BLOCK > v else ids
+
+
+def _scores_at(key: int, stream: int, p: np.ndarray, ids: np.ndarray, minima: Minima) -> np.ndarray:
+    e = v2_exponentials_at(key, stream, ids, minima)
+    with np.errstate(divide="ignore"):
+        return e / p[ids]
+
+
+def _best_blocks(
+    key: int, stream: int, p: np.ndarray, m: int, minima: Minima
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, scores)`` of every token that can be among the ``m`` best of the v2 race over
+    weights ``p``, ids ascending.  Blocks are drawn in order of their bounds, 4, 16, 64, ...
+    at a time, until the ``m``-th best score drawn is below the next bound: every block not
+    drawn then holds only tokens scoring above it (above, not equal: ties stay decidable)."""
+    v = p.shape[0]
+    bound = _block_bounds(p, minima[0])
+    order = np.argsort(bound)  # any order among equal bounds: blocks are drawn whole
+    n = 4
+    while True:
+        n = min(n, order.size)
+        ids = _ids_of(np.sort(order[:n]), v)
+        sc = _scores_at(key, stream, p, ids, minima)
+        if m == 1:
+            limit = float(sc.min())
+        else:
+            finite = sc[np.isfinite(sc)]
+            limit = float(np.partition(finite, m - 1)[m - 1]) if finite.size >= m else math.inf
+        if n == order.size or bound[order[n]] > limit:
+            return ids, sc
+        n *= 4
+
+
+def v2_race_winner(key: int, stream: int, p: np.ndarray, minima: Minima) -> int:
+    """``argmin E / p`` (first minimum) of the v2 race over weights ``p`` (float64, >= 0, not all
+    0), drawing only the blocks that can hold it (:func:`_best_blocks`): the token
+    ``race_winner`` picks on the full row."""
+    ids, sc = _best_blocks(key, stream, p, 1, minima)
+    return int(ids[sc.argmin()])
+
+
+def v2_race_ranking(key: int, stream: int, p: np.ndarray, m: int, minima: Minima) -> list[int]:
+    """``race_ranking``'s ``m`` best tokens (score, then id; zero weights never) of the v2 race,
+    from the blocks that can hold them (:func:`_best_blocks`)."""
+    ids, sc = _best_blocks(key, stream, p, m, minima)
+    keep = np.isfinite(sc)
+    ids, sc = ids[keep], sc[keep]
+    best = np.lexsort((ids, sc))[:m]
+    return [int(i) for i in ids[best]]
+
+
+def v2_race_rank(key: int, stream: int, p: np.ndarray, token: int, minima: Minima) -> int:
+    """``race_rank`` of the v2 race: 1 + the tokens scoring strictly below ``token``, counted in
+    the blocks whose bound is below its score (no other token can)."""
+    v = p.shape[0]
+    s = float(_scores_at(key, stream, p, np.array([token]), minima)[0])
+    if math.isinf(s):
+        return v + 1
+    bound = _block_bounds(p, minima[0])
+    ids = _candidates(bound, s, v, strict=True)
+    return int(np.count_nonzero(_scores_at(key, stream, p, ids, minima) < s)) + 1
+
+
 class RaceNoise:
     """Source of keyed race noise over a vocabulary of ``vocab_size`` tokens.
 
@@ -101,12 +315,18 @@ class RaceNoise:
     LRU cache lets drafter and target share one computation.  It may be used from several threads
     at once (the batched engine works on its rows side by side): the cache is locked, the draws
     are not (NumPy fills them without the GIL).
+
+    ``scheme`` (:data:`RACE_SCHEMES`) picks how the noise is drawn: ``"v1"``, NumPy's Philox
+    (the default; every text made before v2 existed), or ``"v2"``, the blocked splitmix64 race
+    whose :meth:`winner`, :meth:`ranking` and :meth:`rank` draw only the blocks that can win.
     """
 
-    def __init__(self, vocab_size: int, cache_size: int = 64) -> None:
+    def __init__(self, vocab_size: int, cache_size: int = 64, *, scheme: str = "v1") -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = int(vocab_size)
+        self.scheme = check_race_scheme(scheme)
+        self._minima: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -119,6 +339,8 @@ class RaceNoise:
 
     def uniforms(self, key: int, stream: int, n: int) -> np.ndarray:
         """``n`` independent uniforms in [0, 1) for (key, stream), float64."""
+        if self.scheme == "v2":
+            return v2_uniforms(int(key), stream, n)
         return self._generator(int(key), stream).random(n)
 
     def _draw(self, key: int, stream: int) -> np.ndarray:
@@ -128,6 +350,8 @@ class RaceNoise:
                 "a watermarked race key reached an unwatermarked RaceNoise; build the noise "
                 "with ersd.watermark.WatermarkNoise (ersd.generate(..., watermark=...) does)"
             )
+        if self.scheme == "v2":
+            return v2_exponentials(int(key), stream, self.vocab_size)
         e = self._generator(int(key), stream).standard_exponential(self.vocab_size)
         np.maximum(e, _TINY, out=e)  # E = 0 has probability ~1e-16; keep 0/0 impossible
         return e
@@ -146,6 +370,65 @@ class RaceNoise:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return out
+
+    def lazy(self) -> bool:
+        """Whether :meth:`winner`, :meth:`ranking` and :meth:`rank` may draw only the blocks
+        that can win (v2 with this class's own draw)."""
+        return self.scheme == "v2" and type(self)._draw is RaceNoise._draw
+
+    def block_minima(self, key: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
+        """v2's per-block minima and their places for (key, stream), cached."""
+        cache_key = (int(key), stream)
+        with self._lock:
+            hit = self._minima.get(cache_key)
+            if hit is not None:
+                self._minima.move_to_end(cache_key)
+                return hit
+        if type(key) is not int and getattr(key, "watermarked", False):
+            self._draw(key, stream)  # refuses a watermarked key, naming the fix
+        out = v2_block_minima(int(key), stream, -(-self.vocab_size // V2_BLOCK))
+        with self._lock:
+            self._minima[cache_key] = out
+            if len(self._minima) > 4 * self._cache_size:
+                self._minima.popitem(last=False)
+        return out
+
+    def _host_weights(self, probs: torch.Tensor) -> np.ndarray | None:
+        """``probs`` as a float64 NumPy row when the lazy v2 race applies to it, else None."""
+        if not self.lazy() or probs.device.type != "cpu" or probs.dim() != 1:
+            return None
+        p = probs if probs.dtype == torch.float64 else probs.to(torch.float64)
+        return p.numpy()
+
+    def winner(self, key: int, probs: torch.Tensor, stream: int = STREAM_RACE) -> int:
+        """:func:`race_winner` of ``probs`` against (key, stream)'s race; under v2 on the CPU
+        only the blocks that can win are drawn (the same token as the full row)."""
+        p = self._host_weights(probs)
+        if p is None:
+            return race_winner(probs, self._row_for(key, stream, probs.device))
+        return v2_race_winner(int(key), stream, p, self.block_minima(key, stream))
+
+    def ranking(
+        self, key: int, probs: torch.Tensor, m: int, stream: int = STREAM_RACE
+    ) -> list[int]:
+        """:func:`race_ranking` (the ``m`` best tokens) against (key, stream)'s race."""
+        p = self._host_weights(probs)
+        if p is None:
+            return race_ranking(probs, self._row_for(key, stream, probs.device), m)
+        return v2_race_ranking(int(key), stream, p, m, self.block_minima(key, stream))
+
+    def rank(self, key: int, probs: torch.Tensor, token: int, stream: int = STREAM_RACE) -> int:
+        """:func:`race_rank` of ``token`` against (key, stream)'s race."""
+        p = self._host_weights(probs)
+        if p is None:
+            return race_rank(probs, self._row_for(key, stream, probs.device), token)
+        return v2_race_rank(int(key), stream, p, int(token), self.block_minima(key, stream))
+
+    def _row_for(self, key: int, stream: int, device: torch.device) -> torch.Tensor:
+        """The race's ``E`` where ``device``'s probabilities are (the host row on the CPU)."""
+        if device.type == "cpu":
+            return self.exponentials(key, stream)
+        return self.exponentials_many([key], stream, device)[0]
 
     def draws_on_device(self) -> bool:
         """Whether this noise's races may be drawn by :mod:`ersd.race_torch` on a device: True for
@@ -191,7 +474,9 @@ class RaceNoise:
             found = {ck: self._device_cache[ck] for ck in cache_keys if ck in self._device_cache}
         missing = list(dict.fromkeys(ck for ck in cache_keys if ck not in found))
         if missing:
-            drawn = race_exponentials_torch([ck[0] for ck in missing], self.vocab_size, stream, dev)
+            drawn = race_exponentials_torch(
+                [ck[0] for ck in missing], self.vocab_size, stream, dev, scheme=self.scheme
+            )
             with self._lock:
                 for i, ck in enumerate(missing):
                     found[ck] = self._device_cache[ck] = drawn[i]

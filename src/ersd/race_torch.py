@@ -128,10 +128,21 @@ def ziggurat_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
 
 
 def race_exponentials_torch(
-    keys: list[int], vocab_size: int, stream: int = 0, device: str | torch.device = "cpu"
+    keys: list[int],
+    vocab_size: int,
+    stream: int = 0,
+    device: str | torch.device = "cpu",
+    *,
+    scheme: str = "v1",
 ) -> torch.Tensor:
     """``E`` of each key's race, ``[len(keys), vocab_size]`` float64 on ``device``; equal to
-    ``RaceNoise(vocab_size).exponentials(key, stream)`` row by row."""
+    ``RaceNoise(vocab_size, scheme=scheme).exponentials(key, stream)`` row by row."""
+    if scheme == "v2":
+        return v2_exponentials_torch(keys, vocab_size, stream, device)
+    if scheme != "v1":
+        from ersd.race import check_race_scheme
+
+        check_race_scheme(scheme)
     dev = torch.device(device)
     ke_np, we_np, fe_np, r_tail = ziggurat_tables()
     ke = torch.as_tensor(ke_np, device=dev)
@@ -191,3 +202,51 @@ def _ziggurat(
     out = torch.empty(n_rows, vocab + 1, dtype=torch.float64, device=raw.device)
     out.scatter_(1, torch.where(keep, slot, vocab), value)
     return out[:, :vocab], ok
+
+
+# --- race scheme "v2" (ersd.race.v2_exponentials), vectorised over rows and vocabulary ---------
+
+
+def _mix64_t(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 bit patterns (wrap-around products are mod 2^64)."""
+    x = x ^ _shr(x, 30)
+    x = x * _s64(0xBF58476D1CE4E5B9)
+    x = x ^ _shr(x, 27)
+    x = x * _s64(0x94D049BB133111EB)
+    return x ^ _shr(x, 31)
+
+
+def _v2_words_t(seeds: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """:func:`ersd.race.v2_words` for rows of seeds ``[R, 1]`` and indices ``[n]``."""
+    return _mix64_t((index + 1) * _s64(0x9E3779B97F4A7C15) + seeds)
+
+
+def _exp_of_words_t(x: torch.Tensor) -> torch.Tensor:
+    from ersd.race import _U53, unit_log
+
+    u = (_shr(x, 11).to(torch.float64) + 1.0) * _U53
+    return (-unit_log(u, torch)).clamp_min(0.0)
+
+
+def v2_exponentials_torch(
+    keys: list[int], vocab_size: int, stream: int = 0, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """v2's ``E`` of each key's race, ``[len(keys), vocab_size]`` float64 on ``device``: the
+    bits of :func:`ersd.race.v2_exponentials` (integer ops, and :func:`ersd.race.unit_log`'s
+    correctly rounded float ops), with no host transfer after the seeds."""
+    from ersd.race import _TAG_BLOCK, _TAG_TOKEN, V2_BLOCK, v2_seed
+
+    dev = torch.device(device)
+    n_blocks = -(-vocab_size // V2_BLOCK)
+    tok = torch.tensor([[_s64(v2_seed(k, stream, _TAG_TOKEN))] for k in keys], device=dev)
+    blk = torch.tensor([[_s64(v2_seed(k, stream, _TAG_BLOCK))] for k in keys], device=dev)
+    if not keys:
+        return torch.empty(0, vocab_size, dtype=torch.float64, device=dev)
+    xb = _v2_words_t(blk, torch.arange(n_blocks, dtype=torch.int64, device=dev))
+    m = (_exp_of_words_t(xb) * (1.0 / V2_BLOCK)).clamp_min(_TINY)
+    place = xb & (V2_BLOCK - 1)
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=dev)
+    block = ids // V2_BLOCK
+    mb = m[:, block]
+    e = _exp_of_words_t(_v2_words_t(tok, ids)) + mb
+    return torch.where(ids - block * V2_BLOCK == place[:, block], mb, e)

@@ -68,6 +68,9 @@ class GenerationResult:
     tree: str | None
     finish_reason: str  # one of FINISH_REASONS
     wall_time: float
+    #: the race scheme the tokens were drawn under (:data:`ersd.race.RACE_SCHEMES`): the same
+    #: request reproduces the tokens only under the same scheme
+    race_scheme: str = "v1"
 
     @property
     def block_efficiency(self) -> float:
@@ -135,6 +138,7 @@ class GenerationResult:
         tree: Any,
         wall_time: float,
         eos_token_id: int | Sequence[int] | None = None,
+        race_scheme: str = "v1",
     ) -> GenerationResult:
         """Collect the records of a generation loop into a result.
 
@@ -158,6 +162,7 @@ class GenerationResult:
             tree=_tree_spec(tree),
             finish_reason=reason,
             wall_time=wall_time,
+            race_scheme=race_scheme,
         )
 
     @property
@@ -261,6 +266,7 @@ class GenerationResult:
             "other_time": self.other_time,
             "tokens_per_second": self.tokens_per_second,
             "finish_reason": self.finish_reason,
+            "race_scheme": self.race_scheme,
             "expected_block_efficiency": self.expected_block_efficiency,
             "auto_choices": self.auto_choices or None,
             "auto_summary": self.auto_summary,

@@ -30,7 +30,7 @@ import torch
 from ersd.errors import UnsupportedTreeError
 from ersd.methods.catalog import MethodInfo
 from ersd.probs import SamplingParams, logits_to_probs
-from ersd.race import STREAM_RACE, RaceNoise, extend_key, race_winner
+from ersd.race import STREAM_RACE, RaceNoise, extend_key
 from ersd.tree import TreeShape
 
 
@@ -54,6 +54,19 @@ class NodeNoise:
 
     def uniforms(self, stream: int, n: int) -> list[float]:
         return [float(u) for u in self.source.uniforms(self.key, stream, n)]
+
+    def winner(self, probs: torch.Tensor, stream: int = STREAM_RACE) -> int:
+        """The race winner over ``probs`` (:meth:`RaceNoise.winner`: under race scheme v2 only
+        the blocks that can win are drawn; the same token as on the whole row)."""
+        return self.source.winner(self.key, probs, stream)
+
+    def ranking(self, probs: torch.Tensor, m: int, stream: int = STREAM_RACE) -> list[int]:
+        """The race's ``m`` best tokens over ``probs`` (:meth:`RaceNoise.ranking`)."""
+        return self.source.ranking(self.key, probs, m, stream)
+
+    def rank(self, probs: torch.Tensor, token: int, stream: int = STREAM_RACE) -> int:
+        """``token``'s 1-based rank in the race over ``probs`` (:meth:`RaceNoise.rank`)."""
+        return self.source.rank(self.key, probs, token, stream)
 
 
 @dataclass(frozen=True)
@@ -214,7 +227,7 @@ class Method(ABC):
 
     def bonus(self, target_probs: torch.Tensor, noise: NodeNoise) -> int:
         """Token emitted at a context with no drafted children: the target's race winner."""
-        return race_winner(target_probs, noise.exponentials(STREAM_RACE))
+        return noise.winner(target_probs)
 
     def rank(
         self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise

@@ -27,7 +27,6 @@ import torch
 from ersd.errors import GenerationInputError
 from ersd.methods.base import Method, NodeDecision, NodeNoise
 from ersd.methods.catalog import CATALOG
-from ersd.race import race_rank, race_ranking, race_winner
 
 
 def check_sharpness(beta: object) -> float:
@@ -61,9 +60,7 @@ class ERSD(Method):
         return sharpen(draft_probs, self.draft_sharpness)
 
     def draft(self, draft_probs: torch.Tensor, num_children: int, noise: NodeNoise) -> list[int]:
-        return race_ranking(
-            self.race_probs(draft_probs), noise.exponentials_on(draft_probs.device), num_children
-        )
+        return noise.ranking(self.race_probs(draft_probs), num_children)
 
     def verify_node(
         self,
@@ -72,7 +69,7 @@ class ERSD(Method):
         children: Sequence[int],
         noise: NodeNoise,
     ) -> NodeDecision:
-        y = race_winner(target_probs, noise.exponentials_on(target_probs.device))
+        y = noise.winner(target_probs)
         for j, c in enumerate(children):
             if c == y:
                 return NodeDecision(j, y)
@@ -81,9 +78,7 @@ class ERSD(Method):
     def rank(
         self, target_probs: torch.Tensor, draft_probs: torch.Tensor, token: int, noise: NodeNoise
     ) -> int | None:
-        return race_rank(
-            self.race_probs(draft_probs), noise.exponentials_on(draft_probs.device), token
-        )
+        return noise.rank(self.race_probs(draft_probs), token)
 
     def __repr__(self) -> str:
         beta = self.draft_sharpness

@@ -306,7 +306,8 @@ def test_key_files(tmp_path: os.PathLike[str]) -> None:
     with open(hexfile, "w") as f:
         f.write(KEY.hex() + "\n")
     os.chmod(hexfile, 0o600)
-    assert load_watermark(hexfile) == _wm()
+    # a bare hex key is the first releases' format: version-1 windows, 8 salts
+    assert load_watermark(hexfile) == _wm(version=1, num_salts=8)
     bad = os.path.join(tmp_path, "bad.key")
     with open(bad, "w") as f:
         f.write('{"key": "zz", "scheme": "ersd-v1"}')
@@ -336,9 +337,9 @@ def test_detector_null_is_uniform_on_unwatermarked_repetitive_text() -> None:
     for s in range(400):
         wm = Watermark(key=_random_key(s), context_width=2, num_salts=1)
         toks = ersd.generate(small, None, [1], max_new_tokens=64, seed=s).tokens
-        good.append(detect(toks, wm).p_value)
+        good.append(detect(toks, wm, prompt=[1]).p_value)
         u = wm.prf(0).uniform_at(
-            [tuple([-1, -1, *toks][i : i + 2]) for i in range(len(toks))], np.asarray(toks)
+            [tuple([-1, 1, *toks][i : i + 2]) for i in range(len(toks))], np.asarray(toks)
         )
         bad.append(float(stats.gamma.sf(-np.log1p(-u).sum(), len(toks))))
     assert stats.kstest(good, "uniform").pvalue >= KS_ALPHA
@@ -381,7 +382,7 @@ def test_detector_refuses_bad_input() -> None:
     with pytest.raises(WatermarkError, match="threshold"):
         detect(list(range(20)), wm, threshold=1.5)
     with pytest.raises(WatermarkError, match="salt"):
-        detect(list(range(20)), wm, salt=99)
+        detect(list(range(20)), wm, salt=wm.num_salts)
 
 
 # --- the audit ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ersd.drafting import ConfidenceDrafter, Drafter, DynamicDrafter
 from ersd.drafting.grown import dynamic_drafter
 from ersd.errors import ErsdError, GenerationInputError, VocabularyMismatchError, WatermarkError
 from ersd.methods import Method, get_method, rule_for
+from ersd.methods.catalog import race_winners_only
 from ersd.models.base import LanguageModel
 from ersd.probs import SamplingParams
 from ersd.race import DEFAULT_RACE_SCHEME, RaceNoise, check_race_scheme, extend_key_many, root_key
@@ -232,7 +233,7 @@ class Request:
         cut = len(self.prompt) - self.resumed
         key = root_key(self.seed, self.prompt[:cut])
         if self.watermark is not None:
-            key = WatermarkKey.root(key, self.watermark, self.seed)
+            key = WatermarkKey.root(key, self.watermark, self.seed, self.prompt[:cut])
         return extend_key_many(key, self.prompt[cut:])
 
     def noise(self, vocab_size: int, cache_size: int = 64) -> RaceNoise:
@@ -284,7 +285,9 @@ class Request:
         meth = self.verification
         rule = rule_for(meth, self.sampling)
         info = meth.info
-        watermark_aware = info is not None and (info.race_output or info.watermark is not None)
+        watermark_aware = race_winners_only(info) or (
+            info is not None and info.watermark is not None
+        )
         if self.watermark is not None and drafter is not None and not watermark_aware:
             raise WatermarkError(
                 f"method {meth.name!r} emits draft samples and corrections that are not the "

@@ -42,7 +42,9 @@ class MethodInfo:
     natural: tuple[str, ...]  # shape templates at budget k, style "natural"
     minimal: tuple[str, ...]  # shape templates at budget k, style "minimal"
     #: every emitted token is the target's own race winner (stream 0) at its context, so a
-    #: keyed race watermarks all of them (ersd.watermark); rejection methods emit draft samples
+    #: keyed race watermarks all of them (ersd.watermark); rejection methods emit draft samples.
+    #: The one statement of that rule: the watermark (ersd.request), the server (ersd serve) and
+    #: the audit (ersd.watermark.audit) read it through :func:`race_winners_only`
     race_output: bool = False
     #: a watermark baseline's scheme: "target-only" (drafts unmarked; corrections and bonus
     #: tokens are the keyed race's winners) or "dual-key" (drafts on key A, the rest on key B);
@@ -246,6 +248,14 @@ def method_info(name: str) -> MethodInfo:
         raise UnknownMethodError(
             f"unknown method {name!r}; known methods: {', '.join(sorted(CATALOG))}"
         ) from None
+
+
+def race_winners_only(method: str | MethodInfo | None) -> bool:
+    """Whether every token a method emits with a draft is its target race's winner (the
+    catalog's ``race_output``): the condition for a full watermark and for the audit.
+    ``method``: a name or a catalog entry; unknown names and ``None`` are ``False``."""
+    info = CATALOG.get(method) if isinstance(method, str) else method
+    return bool(isinstance(info, MethodInfo) and info.race_output)
 
 
 def report_order(name: str) -> int:

@@ -1,14 +1,20 @@
 """Detecting the watermark from token ids and the key alone (no model).
 
-At every generated position ``t`` the window ``w_t`` is the ``h`` tokens before it (``-1`` before
-the first generated token, so give the detector the generated tokens only, from their first).  A
-position whose window occurred at an earlier position is skipped (the generator used unkeyed noise
-there, :mod:`ersd.watermark.keyed`).  Every other position scores ``-log(1 - r_t)``, ``r_t`` the
+At every generated position ``t`` the window ``w_t`` is the ``h`` tokens before it (give the
+detector the generated tokens only, from their first). Version 2 keys (the default,
+:attr:`Watermark.version`) count the prompt's last tokens in the first ``h`` windows: given the
+``prompt`` (its last ``h`` tokens suffice) every position is scored, else the first ``h`` positions,
+whose windows reach into the unknown prompt, are left out (``opening``) and scoring starts at
+position ``h``. Version 1 keys pad the first windows with ``-1`` and score every position. A
+position whose window occurred at an earlier scored position is skipped (the generator used unkeyed
+noise there, :mod:`ersd.watermark.keyed`; without the prompt, a window that repeats one of the
+opening's is scored -- a term that is uniform under the null as every other, so the p-value stays
+exact, and only a little power is lost). Every scored position scores ``-log(1 - r_t)``, ``r_t`` the
 keyed uniform of the emitted token; the sum ``S`` over ``n`` scored positions is ``Gamma(n, 1)``
-under the null (text not written with this key and salt: each ``r_t`` is uniform and independent
-of the others because the windows differ), so the exact p-value is the regularised upper
-incomplete gamma ``Q(n, S)`` (:func:`scipy.special.gammaincc`).  A watermarked token has a large
-``r_t`` (it won a race whose noise favours large ``U``), so ``S`` grows with the text's entropy.
+under the null (text not written with this key and salt: each ``r_t`` is uniform and independent of
+the others because the windows differ), so the exact p-value is the regularised upper incomplete
+gamma ``Q(n, S)`` (:func:`scipy.special.gammaincc`). A watermarked token has a large ``r_t`` (it won
+a race whose noise favours large ``U``), so ``S`` grows with the text's entropy.
 
 Salts: a text was written with one of ``num_salts`` salts, unknown to the detector unless given;
 with ``k`` salts tried, the reported p-value is Šidák's ``1 - (1 - min_s p_s)**k``, exact under the
@@ -20,11 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaincc
 
-from ersd.errors import WatermarkError
+from ersd.errors import ErsdError, WatermarkError
 from ersd.validation import check_token_ids
 from ersd.watermark.settings import Watermark
 
@@ -53,6 +60,8 @@ class Detection:
     threshold: float
     positions: list[int] = field(default_factory=list, repr=False)
     token_scores: list[float] = field(default_factory=list, repr=False)
+    #: opening positions not scored (version 2 without the prompt: their windows hold it)
+    opening: int = 0
 
     @property
     def watermarked(self) -> bool:
@@ -66,6 +75,7 @@ class Detection:
             "score": self.score,
             "scored_tokens": self.scored,
             "skipped_repeated": self.skipped,
+            "skipped_opening": self.opening,
             "salt": self.salt,
             "salt_p_value": self.salt_p_value,
             "salts_tried": self.salts_tried,
@@ -78,31 +88,57 @@ class Detection:
 
 
 def scored_windows(
-    token_ids: Sequence[int] | np.ndarray, context_width: int
+    token_ids: Sequence[int] | np.ndarray,
+    context_width: int,
+    initial: Sequence[int] | None = None,
+    start: int = 0,
 ) -> tuple[np.ndarray, list[int], list[int]]:
     """(windows ``[n, h]``, tokens, positions) of the first occurrence of each window in
-    ``token_ids`` (window of position ``i``: the ``h`` tokens before it, ``-1``-padded)."""
+    ``token_ids`` among positions ``>= start`` (window of position ``i``: the ``h`` tokens
+    before it, ``initial`` -- default ``h`` times ``-1`` -- before the first)."""
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-    padded = np.concatenate([np.full(context_width, -1, dtype=np.int64), ids])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[: len(ids)]
+    head = (
+        np.full(context_width, -1, dtype=np.int64)
+        if initial is None
+        else np.asarray(initial, dtype=np.int64).reshape(-1)
+    )
+    if len(head) != context_width:
+        raise WatermarkError(f"the initial window must hold {context_width} tokens")
+    padded = np.concatenate([head, ids])
+    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[start : len(ids)]
+    if len(rows) == 0:
+        return np.zeros((0, context_width), dtype=np.int64), [], []
     _, first = np.unique(rows, axis=0, return_index=True)
     first.sort()
-    return rows[first], ids[first].tolist(), first.tolist()
+    return rows[first], ids[first + start].tolist(), (first + start).tolist()
 
 
-def _as_ids(token_ids: Sequence[int], vocab_size: int | None) -> np.ndarray:
+def _as_ids(token_ids: Any, vocab_size: int | None, name: str = "text") -> np.ndarray:
     """Token ids as int64 (a fast path for lists and arrays of ints; anything else goes through
     :func:`ersd.validation.check_token_ids` for its error message)."""
-    arr = np.asarray(token_ids) if not isinstance(token_ids, str | bytes) else None
+    if isinstance(token_ids, str | bytes) or not hasattr(token_ids, "__len__"):
+        what = type(token_ids).__name__
+        raise WatermarkError(
+            f"{name} must be a list of token ids, got {what}"
+            + ("; tokenize it first (ersd watermark detect does)" if what == "str" else "")
+        )
+    try:
+        arr = np.asarray(token_ids)
+    except (ValueError, TypeError, OverflowError):
+        arr = None
     limit = vocab_size if vocab_size is not None else 2**62
     if (
         arr is None
         or arr.ndim != 1
         or arr.dtype.kind not in "iu"
+        or len(arr) == 0
         or int(arr.min()) < 0
         or int(arr.max()) >= limit
     ):
-        return np.asarray(check_token_ids(token_ids, limit, name="text"), dtype=np.int64)
+        try:
+            return np.asarray(check_token_ids(token_ids, limit, name=name), dtype=np.int64)
+        except ErsdError as exc:
+            raise WatermarkError(str(exc), param=name) from None
     return arr.astype(np.int64, copy=False)
 
 
@@ -134,6 +170,20 @@ def token_scores(
     return -np.log1p(-u)
 
 
+def _check_number(value: Any, name: str, lo: float, hi: float, *, integer: bool) -> Any:
+    """``value`` if it is a (whole, with ``integer``) number in ``[lo, hi]``, else a
+    :class:`WatermarkError` naming it -- a float salt is refused, never rounded."""
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+    if integer:
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    if not ok or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise WatermarkError(f"{name} must be {kind} in [{lo:g}, {hi:g}], got {value!r:.40}")
+    return int(value) if integer else float(value)
+
+
 def _checked_input(
     token_ids: Sequence[int],
     watermark: Watermark,
@@ -141,35 +191,55 @@ def _checked_input(
     threshold: float,
     vocab_size: int | None,
     min_tokens: int,
-) -> tuple[np.ndarray, np.ndarray, list[int], list[int], list[int]]:
+    prompt: Sequence[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[int], list[int], list[int], int]:
     """The checks :func:`detect` and :func:`detect_dual` share: (ids, scored windows, their
-    tokens, their positions, the salts to try)."""
+    tokens, their positions, the salts to try, the opening left unscored)."""
     if not isinstance(watermark, Watermark):
         raise WatermarkError(
             f"watermark must be an ersd.Watermark (ersd.load_watermark(FILE)), got "
             f"{type(watermark).__name__}"
         )
-    if not 0 < threshold < 1:
-        raise WatermarkError(f"threshold must lie in (0, 1), got {threshold!r}")
-    if token_ids is None or len(token_ids) == 0:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, int | float | np.floating)
+        or not 0 < threshold < 1
+    ):
+        raise WatermarkError(f"threshold must be a number in (0, 1), got {threshold!r:.40}")
+    min_tokens = _check_number(min_tokens, "min_tokens", 1, 2**62, integer=True)
+    if vocab_size is not None:
+        vocab_size = _check_number(vocab_size, "vocab_size", 1, 2**62, integer=True)
+    if token_ids is None or (hasattr(token_ids, "__len__") and len(token_ids) == 0):
         raise WatermarkError("nothing to score: the text has no tokens")
     ids = _as_ids(token_ids, vocab_size)
-    windows, tokens, positions = scored_windows(ids, watermark.context_width)
+    h = watermark.context_width
+    if not watermark.prompt_windows:
+        initial, start = None, 0
+    elif prompt is None:
+        initial, start = None, min(h, len(ids))
+    else:
+        p = _as_ids(prompt, vocab_size, "prompt") if len(prompt) else np.zeros(0, np.int64)
+        initial, start = watermark.initial_window(p.tolist()), 0
+    windows, tokens, positions = scored_windows(ids, h, initial, start)
     if len(tokens) < min_tokens:
+        opening = (
+            f" after the first {start} (version-2 windows reach into the prompt there: pass "
+            "the prompt to score them)"
+            if start
+            else ""
+        )
         raise WatermarkError(
             f"the text is too short to score: {len(tokens)} scored token(s) (first occurrences "
-            f"of their {watermark.context_width}-token window) of {len(ids)}, at least "
-            f"{min_tokens} needed; score a longer text or lower min_tokens"
+            f"of their {h}-token window) of {len(ids)}{opening}, at least {min_tokens} needed; "
+            "score a longer text or lower min_tokens"
         )
     if salt is not None:
-        if not 0 <= int(salt) < watermark.num_salts:
-            raise WatermarkError(f"salt must lie in [0, {watermark.num_salts}), got {salt!r}")
-        salts = [int(salt)]
+        salts = [_check_number(salt, "salt", 0, watermark.num_salts - 1, integer=True)]
     elif watermark.salt is not None:
         salts = [watermark.salt]
     else:
         salts = list(range(watermark.num_salts))
-    return ids, windows, tokens, positions, salts
+    return ids, windows, tokens, positions, salts, start
 
 
 def detect(
@@ -181,16 +251,19 @@ def detect(
     vocab_size: int | None = None,
     min_tokens: int = DEFAULT_MIN_TOKENS,
     per_token: bool = False,
+    prompt: Sequence[int] | None = None,
 ) -> Detection:
     """Score ``token_ids`` (the generated tokens, from the first) for ``watermark``'s key.
 
     ``salt``: the sample's salt when known (then no correction), else every salt is tried (or the
     watermark's pinned ``salt``).  ``vocab_size``: the tokenizer's, to refuse ids it cannot have
-    made (a tokenizer mismatch).  Raises :class:`~ersd.errors.WatermarkError` on empty input or
-    fewer than ``min_tokens`` scored positions.
+    made (a tokenizer mismatch).  ``prompt``: the prompt's ids (its last ``h`` suffice), to
+    score the opening of a version-2 text too (module doc).  Raises
+    :class:`~ersd.errors.WatermarkError` on empty input, bad types, or fewer than ``min_tokens``
+    scored positions.
     """
-    ids, windows, tokens, positions, salts = _checked_input(
-        token_ids, watermark, salt, threshold, vocab_size, min_tokens
+    ids, windows, tokens, positions, salts, opening = _checked_input(
+        token_ids, watermark, salt, threshold, vocab_size, min_tokens, prompt
     )
     all_scores = token_scores(watermark, salts, windows, tokens)
     totals = all_scores.sum(axis=1)
@@ -201,13 +274,14 @@ def detect(
         p_value=sidak(p, len(salts)),
         score=total,
         scored=len(tokens),
-        skipped=int(len(ids) - len(tokens)),
+        skipped=int(len(ids) - opening - len(tokens)),
         salt=s,
         salt_p_value=p,
         salts_tried=len(salts),
-        threshold=threshold,
+        threshold=float(threshold),
         positions=positions if per_token else [],
         token_scores=scores.tolist() if per_token else [],
+        opening=opening,
     )
 
 
@@ -260,6 +334,7 @@ def detect_dual(
     threshold: float = 0.01,
     vocab_size: int | None = None,
     min_tokens: int = DEFAULT_MIN_TOKENS,
+    prompt: Sequence[int] | None = None,
 ) -> Detection:
     """The two-key detector of the dual-key baseline (``sd-dual-key``), as vLLM's
     ``DualKeyGumbelWatermarkDetector``: each scored position (first occurrences of their window,
@@ -269,8 +344,8 @@ def detect_dual(
     weight of key B, vLLM's default 0.1.  Other arguments as :func:`detect`."""
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
         raise WatermarkError(f"alpha (key B's weight) must lie in [0, 1], got {alpha!r}")
-    ids, windows, tokens, _, salts = _checked_input(
-        token_ids, watermark, salt, threshold, vocab_size, min_tokens
+    ids, windows, tokens, _, salts, opening = _checked_input(
+        token_ids, watermark, salt, threshold, vocab_size, min_tokens, prompt
     )
     sa = token_scores(watermark.derive("key_a"), salts, windows, tokens)
     sb = token_scores(watermark.derive("key_b"), salts, windows, tokens)
@@ -282,11 +357,12 @@ def detect_dual(
         p_value=sidak(p, len(salts)),
         score=total,
         scored=len(tokens),
-        skipped=int(len(ids) - len(tokens)),
+        skipped=int(len(ids) - opening - len(tokens)),
         salt=salts[i],
         salt_p_value=p,
         salts_tried=len(salts),
-        threshold=threshold,
+        threshold=float(threshold),
+        opening=opening,
     )
 
 

@@ -2,8 +2,12 @@
 
 The loop keys every context by an int (:mod:`ersd.race`).  A :class:`WatermarkKey` *is* that int
 -- the rolling hash of (seed, salt, full context), so trees, caches and records keep working --
-and also carries what the watermark needs: the **window** (the last ``h`` generated tokens,
-``-1`` before the first) and the set of windows already used at earlier generated positions.
+and also carries what the watermark needs: the **window** (the context's last ``h`` tokens, the
+prompt's included, in version 2; the last ``h`` generated tokens, ``-1`` before the first, in
+version 1 -- :attr:`Watermark.version`) and the set of windows already used at earlier
+generated positions.  Version 2 exists because version 1's first ``h`` windows are the same for
+every prompt: at one salt, every request's opening races drew the same noise, and a server's
+traffic opened with visibly few distinct tokens.
 :class:`WatermarkNoise` then draws stream 0 (the shared race) at a context from the secret-keyed
 PRF of its window, ``E_i = -log U_i`` -- unless the window was used before in this text:
 
@@ -24,6 +28,7 @@ over a uniformly random key every token is an exact sample of the target's distr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +37,6 @@ from ersd.race import STREAM_KEY_A, STREAM_KEY_B, STREAM_RACE, RaceNoise, mix_to
 from ersd.watermark.prf import WatermarkPRF
 from ersd.watermark.settings import Watermark
 
-_PAD = -1
 #: mixed into the full-context hash with the salt, so the fallback noise of different salts differs
 _SALT_DOMAIN = 0x57A7E12A5A17
 
@@ -55,11 +59,14 @@ class WatermarkKey(int):
         return obj
 
     @classmethod
-    def root(cls, key: int, watermark: Watermark, seed: int) -> WatermarkKey:
-        """The key of a prompt's context (``key``: its unwatermarked :func:`ersd.race.root_key`)."""
+    def root(
+        cls, key: int, watermark: Watermark, seed: int, prompt: Sequence[int] = ()
+    ) -> WatermarkKey:
+        """The key of a prompt's context (``key``: its unwatermarked :func:`ersd.race.root_key`
+        of ``prompt``); the first window is :meth:`Watermark.initial_window` of ``prompt``."""
         salt = watermark.salt_for(seed)
         full = mix_token(int(key), _SALT_DOMAIN + salt)
-        return cls(full, (_PAD,) * watermark.context_width, frozenset(), salt)
+        return cls(full, watermark.initial_window(prompt), frozenset(), salt)
 
     @property
     def repeated(self) -> bool:

@@ -144,7 +144,7 @@ class ContextKeys:
         if st is None or st[0] != seed or st[1] != watermark or st[2] > n:
             key, done = root_key(seed, prompt), 0
             if watermark is not None:
-                key = WatermarkKey.root(key, watermark, seed)
+                key = WatermarkKey.root(key, watermark, seed, prompt)
         else:
             _, _, done, key = st
         for t in output[done:n]:

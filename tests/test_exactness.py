@@ -175,8 +175,10 @@ def sequence_law_test(
     n: int = N,
     target: TableLM = TARGET,
     run: Callable[[Callable[[int], list[int]], int], list[int]] | None = None,
+    race_scheme: str = "v1",
 ) -> FitResult:
-    """Draw ``n`` sequences with ``generate`` and test them against the exact law."""
+    """Draw ``n`` sequences with ``generate`` and test them against the exact law (races drawn
+    under ``race_scheme``: ``tests/test_exactness_v2.py`` runs the suite under v2)."""
     kw = ALL_SETTINGS[setting]
     law = exact_law(target, PROMPT, length, kw, eos_token_id)
     tmodel, dmodel = target.model(), draft.model()
@@ -191,6 +193,7 @@ def sequence_law_test(
             tree=shape,
             seed=seed,
             eos_token_id=eos_token_id,
+            race_scheme=race_scheme,
             **kw,
         ).tokens
 

@@ -29,11 +29,17 @@ from tests.test_exactness import (
 
 
 def batched_law_test(
-    method: str | Method, shape: str, setting: str, draft: str, eos: int | None = None
+    method: str | Method,
+    shape: str,
+    setting: str,
+    draft: str,
+    eos: int | None = None,
+    race_scheme: str = "v1",
 ) -> FitResult:
     kw = SETTINGS[setting]
     law = exact_law(TARGET, PROMPT, LENGTH, kw, eos)
-    base = config_seed("batched", str(method), shape, setting, draft, eos)
+    tag = ("batched", str(method), shape, setting, draft, eos)
+    base = config_seed(*tag) if race_scheme == "v1" else config_seed(*tag, race_scheme)
     results = ersd.generate_batch(
         TARGET.model(),
         DRAFTS[draft].model(),
@@ -44,6 +50,7 @@ def batched_law_test(
         tree=shape,
         eos_token_id=eos,
         max_batch_size=64,
+        race_scheme=race_scheme,
         **kw,
     )
     return gof_test(Counter(tuple(r.tokens) for r in results), law)

@@ -397,3 +397,19 @@ def test_batch_under_v2_equals_rows_alone() -> None:
         == ersd.generate(t, d, [1, 2], max_new_tokens=9, seed=11, tree="chain:3").tokens
     )
     assert (done[a].race_scheme, done[b].race_scheme) == ("v2", "v1")
+
+
+def test_scalar_exponential_has_the_array_bits() -> None:
+    """The one-token path (Python floats, used for a rank's score) equals the array path."""
+    from ersd.race import _unit_log_scalar, _v2_exponential_at
+
+    rng = np.random.default_rng(8)
+    u = np.concatenate([rng.random(3000), np.exp(-rng.random(300) * 36), [1.0, 2.0**-53]])
+    u = u[u > 0]
+    assert [_unit_log_scalar(float(x)) for x in u] == unit_log(u).tolist()
+    vocab = 1000
+    for key in (3, 2**64 - 5, root_key(1, [4])):
+        minima = v2_block_minima(key, 1 << 20, -(-vocab // V2_BLOCK))
+        row = v2_exponentials(key, 1 << 20, vocab)
+        got = [_v2_exponential_at(key, 1 << 20, t, minima) for t in range(vocab)]
+        assert got == row.tolist()

@@ -177,6 +177,34 @@ def unit_log(u: Any, xp: Any = np) -> Any:
     return ef * _LN2_HI + (z * s + ef * _LN2_LO)
 
 
+def _unit_log_scalar(u: float) -> float:
+    """:func:`unit_log` of one Python float, the same operations in the same order (Python's
+    float arithmetic is IEEE double, each operation correctly rounded): the same bits."""
+    m, e = math.frexp(u)
+    ef = float(e)
+    if m < _SQRT_HALF:
+        m, ef = m * 2.0, ef - 1.0
+    z = (m - 1.0) / (m + 1.0)
+    w = z * z
+    s = w * _LOG_COEFFS[10] + _LOG_COEFFS[9]
+    for c in reversed(_LOG_COEFFS[:9]):
+        s = s * w + c
+    return ef * _LN2_HI + (z * s + ef * _LN2_LO)
+
+
+def _v2_exponential_at(key: int, stream: int, token: int, minima: Minima) -> float:
+    """v2's ``E`` of one token (:func:`v2_exponentials_at`'s bits, in Python scalars)."""
+    m, a = minima
+    b = token // V2_BLOCK
+    mb = float(m[b])
+    if token - b * V2_BLOCK == int(a[b]):
+        return mb
+    x = (v2_seed(key, stream, _TAG_TOKEN) + (token + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    x = _mix64(x)
+    u = (float(x >> 11) + 1.0) * _U53
+    return max(-_unit_log_scalar(u), 0.0) + mb
+
+
 def _exp_of_words(x: np.ndarray) -> np.ndarray:
     """``-log U``, ``U = (top 53 bits + 1) / 2^53`` in (0, 1]: Exp(1) draws >= 0 (float64)."""
     u = (x >> np.uint64(11)).astype(np.float64)
@@ -299,7 +327,8 @@ def v2_race_rank(key: int, stream: int, p: np.ndarray, token: int, minima: Minim
     """``race_rank`` of the v2 race: 1 + the tokens scoring strictly below ``token``, counted in
     the blocks whose bound is below its score (no other token can)."""
     v = p.shape[0]
-    s = float(_scores_at(key, stream, p, np.array([token]), minima)[0])
+    w = float(p[token])
+    s = _v2_exponential_at(key, stream, token, minima) / w if w > 0 else math.inf
     if math.isinf(s):
         return v + 1
     bound = _block_bounds(p, minima[0])

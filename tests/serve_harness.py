@@ -36,8 +36,14 @@ def start(
     encode_delay: float = 0.0,
     env: dict[str, str] | None = None,
     log: Path,
+    models: tuple[str, ...] = ("--target", "toy", "--draft", "toy-draft"),
+    src: Path | None = None,
+    up_seconds: float = 120,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """The server process and its base URL (``http://127.0.0.1:PORT``), once /health is up."""
+    """The server process and its base URL (``http://127.0.0.1:PORT``), once /health is up.
+    ``models``: the model flags (default the toys); ``src``: the ``ersd`` sources to run
+    (default ``$ERSD_SERVE_SRC``, else this checkout's; another checkout's ``src`` measures or
+    reproduces an older version: ``git worktree add /tmp/old HEAD``)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -45,10 +51,7 @@ def start(
         "tests.serve_harness",
         str(step_delay),
         str(encode_delay),
-        "--target",
-        "toy",
-        "--draft",
-        "toy-draft",
+        *models,
         "--host",
         "127.0.0.1",
         "--port",
@@ -58,18 +61,24 @@ def start(
         *args,
     ]
     stderr = log.open("wb")
+    src = src or (Path(os.environ["ERSD_SERVE_SRC"]) if os.environ.get("ERSD_SERVE_SRC") else None)
+    paths = {} if src is None else {"PYTHONPATH": f"{src}{os.pathsep}{ROOT}"}
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.DEVNULL, stderr=stderr
+        cmd,
+        cwd=ROOT,
+        env={**ENV, **paths, **(env or {})},
+        stdout=stderr,  # uvicorn's access log goes to stdout
+        stderr=stderr,
     )
     stderr.close()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    for _ in range(1200):
+    deadline = time.monotonic() + up_seconds
+    for _ in range(int(up_seconds * 10)):
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}: {log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError("the server did not come up in 120 s")
+            raise AssertionError(f"the server did not come up in {up_seconds:g} s")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
                 if r.status == 200:

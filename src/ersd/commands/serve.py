@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ersd.commands._loading import ModelArgs, load_pair, model_options
-from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
+from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETECT_TOKENS
 from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
 
 
@@ -138,6 +138,27 @@ def is_loopback(host: str) -> bool:
     help="p-value at or below which /v1/watermark/detect calls a text watermarked.",
 )
 @click.option(
+    "--max-detect-tokens",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_DETECT_TOKENS,
+    show_default=True,
+    help="Most tokens one POST /v1/watermark/detect may score; longer inputs get HTTP 413.",
+)
+@click.option(
+    "--detect-concurrency",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Watermark detections run at once (in worker threads, off the generation path).",
+)
+@click.option(
+    "--detect-wait",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Seconds a detection waits for a free slot before HTTP 429 with Retry-After.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -162,6 +183,9 @@ def serve(
     watermark_context: int | None,
     allow_watermark_opt_out: bool,
     watermark_threshold: float,
+    max_detect_tokens: int,
+    detect_concurrency: int,
+    detect_wait: float,
     log_level: str,
 ) -> None:
     """Serve TARGET (speculating with DRAFT) over an OpenAI-compatible HTTP API."""
@@ -177,6 +201,7 @@ def serve(
             f"ersd serve needs the 'serve' extra ({exc.name} is missing): pip install 'ersd[serve]'"
         ) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    api_key = _clean_key(api_key)
     try:
         from ersd.tree_spec import parse_tree_spec
 
@@ -227,6 +252,9 @@ def serve(
         watermark=watermark,
         watermark_opt_out=allow_watermark_opt_out,
         detect_threshold=watermark_threshold,
+        max_detect_tokens=max_detect_tokens,
+        detect_concurrency=detect_concurrency,
+        detect_wait=detect_wait,
     )
     if watermark is not None:  # its fingerprint and settings, never the key
         logging.getLogger("ersd.serve").info(
@@ -283,6 +311,36 @@ def serve(
         raise click.ClickException(
             f"the HTTP server did not start on {host}:{port} (see the log above: a port in use?)"
         )
+
+
+def _clean_key(api_key: str | None) -> str | None:
+    """The API key without surrounding whitespace: ``ERSD_API_KEY=$(cat f)`` keeps none, but a
+    key exported from a file with its newline used to make every request 401 (clients never send
+    it).  Stripped with a warning (the key itself is never shown); an empty key or one with
+    characters a header cannot carry is refused."""
+    if api_key is None:
+        return None
+    key = api_key.strip()
+    if not key:
+        raise click.UsageError(
+            "the API key (--api-key or $ERSD_API_KEY) is empty or only whitespace; set a key, or "
+            "unset ERSD_API_KEY to serve without one"
+        )
+    if any(not c.isprintable() or c.isspace() for c in key):
+        raise click.UsageError(
+            "the API key (--api-key or $ERSD_API_KEY) contains spaces or control characters, "
+            "which an 'Authorization: Bearer' header cannot carry; use printable characters only "
+            "(e.g. `ersd watermark keygen`-style hex: python -c 'import secrets; "
+            "print(secrets.token_hex(32))')"
+        )
+    if key != api_key:
+        logging.getLogger("ersd.serve").warning(
+            "the API key (--api-key or $ERSD_API_KEY) had %d whitespace character(s) around it "
+            "(a trailing newline from a file?); they were stripped: clients send the key "
+            "without them",
+            len(api_key) - len(key),
+        )
+    return key
 
 
 def _prepare_auto(pair: Any, curves: Any, max_batch_size: int) -> None:

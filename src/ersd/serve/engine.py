@@ -32,6 +32,51 @@ from ersd.results import StepRecord
 log = logging.getLogger("ersd.serve")
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What the loop is doing (``/health``): ``phase`` is ``idle``, ``waiting`` (work queued,
+    between steps), ``prefill`` (a step that feeds ``prefill_tokens`` new prompt tokens) or
+    ``decode``; ``step_seconds``: how long the current step has run; ``stalled_for``: seconds
+    without progress while there is work (a step's end, or a layer of a forward inside it)."""
+
+    phase: str
+    step_seconds: float
+    prefill_tokens: int
+    stalled_for: float
+
+
+class StepCancelled(Exception):
+    """Raised inside a forward (by a progress hook) when every row of the step was cancelled:
+    the forward stops at the next layer instead of prefilling for nobody."""
+
+
+def torch_modules(*models: Any) -> list[Any]:
+    """The ``torch.nn.Module`` of each model that has one (an HF adapter's ``hf_module``, also
+    behind a drafter's ``.model``); llama.cpp and function models have none."""
+    found = []
+    for model in models:
+        for m in (model, getattr(model, "model", None)):
+            module = getattr(m, "hf_module", None)
+            usable = module is not None and hasattr(module, "register_forward_hook")
+            if usable and all(module is not f for f in found):
+                found.append(module)
+    return found
+
+
+def progress_points(module: Any) -> list[Any]:
+    """Where a forward reports progress: every layer of the module's layer lists (the children
+    of each ``torch.nn.ModuleList``), else the module itself."""
+    import torch
+
+    points = [
+        child
+        for sub in module.modules()
+        if isinstance(sub, torch.nn.ModuleList)
+        for child in sub.children()
+    ]
+    return points or [module]
+
+
 class QueueFullError(Exception):
     """The waiting queue is full: the client should retry later (HTTP 429)."""
 
@@ -101,8 +146,22 @@ class ServingLoop:
         self._looping = False
         self.steps = 0
         self.failures = 0
-        #: monotonic time the loop last made progress (a step, or found nothing to do)
+        #: monotonic time the loop last made progress (a step, a layer inside a step's forward,
+        #: or found nothing to do)
         self.heartbeat = time.monotonic()
+        self._step_started: float | None = None  # monotonic start of the step in progress
+        self._prefill_tokens = 0  # new prompt tokens the step in progress feeds
+        self._fresh_tokens = 0  # prompt tokens of rows admitted since the last step
+        self._stepping: list[Job] = []  # the jobs of the step in progress
+        self.steps_cancelled = 0  # steps stopped inside a forward: all their rows cancelled
+        self._hooks = [
+            point.register_forward_hook(self._layer_done)
+            for module in torch_modules(target, draft)
+            for point in progress_points(module)
+        ]
+        #: whether forwards report progress layer by layer (an HF model), so that a long
+        #: prefill shows as progress and a prefill whose clients all left stops mid-forward
+        self.progress_inside_steps = bool(self._hooks)
 
     # -- called from the HTTP side ---------------------------------------------------------------
 
@@ -172,6 +231,9 @@ class ServingLoop:
             self._fail(job, "the server shut down before this request finished", 503)
         self._pending.clear()
         self._running.clear()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     # -- the loop thread -------------------------------------------------------------------------
 
@@ -179,6 +241,29 @@ class ServingLoop:
     def alive(self) -> bool:
         """Whether the loop is running (in its thread or in the thread that called :meth:`run`)."""
         return self._looping
+
+    def progress(self) -> Progress:
+        """A snapshot of what the loop is doing (see :class:`Progress`)."""
+        started = self._step_started
+        now = time.monotonic()
+        if started is not None:
+            phase = "prefill" if self._prefill_tokens else "decode"
+        else:
+            phase = "waiting" if (self._pending or self._running) else "idle"
+        return Progress(
+            phase=phase,
+            step_seconds=0.0 if started is None else max(now - started, 0.0),
+            prefill_tokens=self._prefill_tokens if started is not None else 0,
+            stalled_for=self.stalled_for(),
+        )
+
+    def _layer_done(self, module: Any, args: Any, output: Any) -> None:
+        """A forward hook: a layer finished, so the step makes progress; when every row of the
+        step was cancelled (its clients left) the forward stops here."""
+        self.heartbeat = time.monotonic()
+        stepping = self._stepping
+        if stepping and all(job.cancelled for job in stepping):
+            raise StepCancelled("every request of this step was cancelled")
 
     def stalled_for(self) -> float:
         """Seconds the loop has gone without progress while it has work (0 when idle): a step
@@ -234,17 +319,27 @@ class ServingLoop:
             return None
         if engine is self.engine:
             self._running[rid] = job
+            self._fresh_tokens += len(job.request.prompt) + len(job.tokens)
         return rid
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        self._prefill_tokens, self._fresh_tokens = self._fresh_tokens, 0
+        self._stepping = list(self._running.values())
+        self._step_started = time.monotonic()
         try:
             out = self.engine.step()
+        except StepCancelled:
+            self._drop_cancelled_step()
+            return
         except Exception:
+            self._stepping = []  # the rows are stepped again alone: none is stopped mid-forward
             log.exception("an engine step failed; isolating the failing request(s)")
             self.failures += 1
             self._recover()
             return
+        finally:
+            self._stepping, self._step_started, self._prefill_tokens = [], None, 0
         self.steps += 1
         for rid, rec, res in out:
             job = self._running[rid]
@@ -253,6 +348,18 @@ class ServingLoop:
                 del self._running[rid]
         if self.on_step is not None:
             self.on_step([rec for _, rec, _ in out], time.perf_counter() - t0)
+
+    def _drop_cancelled_step(self) -> None:
+        """A forward stopped by :class:`StepCancelled`: every row of the step was cancelled, so
+        all of them leave the engine (its state for them is discarded, as in :meth:`_recover`)."""
+        self.steps_cancelled += 1
+        log.info(
+            "stopped a step mid-forward (%d prompt tokens to prefill): its clients all left",
+            self._prefill_tokens,
+        )
+        for rid in list(self._running):
+            self.engine.cancel(rid)
+        self._running.clear()
 
     def _deliver(self, job: Job, rec: StepRecord) -> None:
         job.tokens.extend(rec.tokens)

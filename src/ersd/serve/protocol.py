@@ -2,11 +2,12 @@
 
 Standard fields follow the OpenAI API; ERSD's own knobs are extra body fields (``method``,
 ``tree``, ``top_k``, ``min_p``; with the ``openai`` client pass them in ``extra_body``).
-Fields OpenAI defines but ERSD does not implement are accepted only at their neutral value, so a
-request never silently means something else.  Responses carry the usual ``usage`` and an ``ersd``
-extension with the speculation statistics (and, on a watermarking server, the watermark's scheme,
-key fingerprint and each choice's salt -- never the key).  ``POST /v1/watermark/detect`` takes a
-:class:`DetectRequest` and answers a :class:`Detection`.
+Types are strict (a number is a JSON number: ``"temperature": "0.7"`` or ``true`` is a 400, not
+coerced). Fields OpenAI defines but ERSD does not implement are accepted only at their neutral
+value, so a request never silently means something else. Responses carry the usual ``usage`` and an
+``ersd`` extension with the speculation statistics (and, on a watermarking server, the watermark's
+scheme, key fingerprint and each choice's salt -- never the key). ``POST /v1/watermark/detect``
+takes a :class:`DetectRequest` and answers a :class:`Detection`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 #: most stop strings one request may give
 MAX_STOP = 16
@@ -34,8 +43,8 @@ class _Request(BaseModel):
 
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0)
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     seed: StrictInt | None = None  # its range: ersd.validation.check_seed, as everywhere
     stop: str | list[str] | None = None
     stream: StrictBool = False
@@ -46,13 +55,13 @@ class _Request(BaseModel):
     method: str | None = None
     tree: str | None = None
     top_k: StrictInt | None = Field(default=None, ge=1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     #: False: no watermark on this response (only where the operator allows opting out)
     watermark: StrictBool | None = None
     # OpenAI fields accepted only at their neutral value (see unsupported())
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    frequency_penalty: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
     logprobs: Any = None
 
     @field_validator("stop")

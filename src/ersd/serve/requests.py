@@ -29,7 +29,7 @@ from ersd.errors import ErsdError
 from ersd.probs import SamplingParams
 from ersd.request import Request
 from ersd.serve import protocol as P
-from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES
+from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETECT_TOKENS
 from ersd.tree import MAX_TREE_DEPTH, AutoTree, TreeShape
 from ersd.tree_spec import ParsedTree, parse_tree_spec
 from ersd.watermark.settings import Watermark
@@ -70,8 +70,9 @@ class ServeConfig:
     shutdown_timeout: float = 10.0
     #: largest draft tree a request may ask for (nodes; its depth is bounded by the same number)
     max_tree_nodes: int = 64
-    #: requests to /v1 need ``Authorization: Bearer <api_key>`` (None: open; see serve.guard)
-    api_key: str | None = None
+    #: requests to /v1 (and the API docs) need ``Authorization: Bearer <api_key>`` (None: open;
+    #: see serve.guard); never shown by ``repr``
+    api_key: str | None = field(default=None, repr=False)
     #: bodies beyond this many bytes get HTTP 413
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: /health answers 503 when the engine had work but made no progress for this many seconds
@@ -82,6 +83,11 @@ class ServeConfig:
     watermark_opt_out: bool = False
     #: /v1/watermark/detect calls a text watermarked when its p-value is at most this
     detect_threshold: float = 1e-3
+    #: most tokens one /v1/watermark/detect request may score (longer: HTTP 413)
+    max_detect_tokens: int = DEFAULT_MAX_DETECT_TOKENS
+    #: detections that may run at once; more wait up to ``detect_wait`` seconds, then HTTP 429
+    detect_concurrency: int = 1
+    detect_wait: float = 2.0
 
 
 @dataclass
@@ -212,6 +218,7 @@ def plan_request(
             watermark=watermark,
         )
         request.check_models(target, draft if tree is not None else None)
+        _check_growable(request, target, draft)
     except ErsdError as exc:
         param = where if exc.param == "prompt" else exc.param or "request"
         hint = ""
@@ -256,6 +263,18 @@ def plan_request(
     )
 
 
+def _check_growable(request: Request, target: Any, draft: Any) -> None:
+    """Refuse a ``dynamic:K`` tree the request's method cannot grow here, before anything is
+    queued (the engine would refuse it only when it admits the job: a stream would already
+    have answered 200)."""
+    tree = request.parsed_tree
+    if tree is None or tree.dynamic is None or draft is None:
+        return
+    from ersd.generation import as_drafter
+
+    request.resolve(target, as_drafter(draft))  # builds the tree's drafter: no forward
+
+
 def _watermark(body: P.CompletionRequest | P.ChatCompletionRequest, config: ServeConfig) -> Any:
     """The watermark of a request: the server's, unless the request opts out where allowed."""
     if config.watermark is None:
@@ -278,9 +297,10 @@ def _watermark(body: P.CompletionRequest | P.ChatCompletionRequest, config: Serv
 
 
 def _tree(spec: str | None, draft: Any, config: ServeConfig) -> Any:
-    """The request's tree spec (parsed by the :class:`~ersd.request.Request`): its ``tree``
-    field, else the server's; ``"none"`` or no draft model: ``None`` (target-only).  Files
-    (``optimal:K@FILE``, ``auto@FILE``) are read only for the server's own ``--tree``."""
+    """The request's tree: its ``tree`` field parsed here, once (the
+    :class:`~ersd.request.Request` takes the :class:`ParsedTree` as it is), else the server's;
+    ``"none"`` or no draft model: ``None`` (target-only).  Files (``optimal:K@FILE``,
+    ``auto@FILE``) are read only for the server's own ``--tree``."""
     if spec is not None and spec.strip().lower() == "none":
         return None
     if draft is None:
@@ -309,7 +329,7 @@ def _tree(spec: str | None, draft: Any, config: ServeConfig) -> Any:
             f"tree spec {spec!r} drafts {parsed.dynamic.budget} tokens per step; this server "
             f"allows at most {config.max_tree_nodes} (--max-tree-nodes)",
         )
-    return spec
+    return parsed
 
 
 def _limits(config: ServeConfig) -> dict[str, int]:

@@ -163,9 +163,12 @@ def detect(
         raise click.UsageError("--chat goes with --prompt")
     try:
         wm = load_watermark(key_file, context_width=context_width)
+        # the input first: a bad one is refused before the tokenizer loads
+        token_ids: list[int] | str = _read_ids(source) if ids else _read_text(source)
         tok = load_tokenizer(tokenizer)
         check_tokenizer(wm, tok, tokenizer)
-        token_ids = _read_ids(source) if ids else encode_text(tok, _read_text(source))
+        if isinstance(token_ids, str):
+            token_ids = encode_text(tok, token_ids)
         prompt_ids = None
         if prompt is not None:
             from ersd.models.hf import HFTokenizer

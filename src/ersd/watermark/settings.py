@@ -269,7 +269,8 @@ def parse_json(text: str | bytes, what: str) -> Any:
     except RecursionError:
         raise WatermarkError(f"{what}: JSON nested too deeply to read") from None
     except ValueError as exc:  # e.g. an integer past Python's digit limit
-        raise WatermarkError(f"{what}: unreadable JSON value ({str(exc)[:80]})") from None
+        why = str(exc).split(":")[0][:100]
+        raise WatermarkError(f"{what}: unreadable JSON value ({why})") from None
 
 
 _KEY_FIELDS = ("scheme", "key", "version", "context_width", "num_salts", "tokenizer")

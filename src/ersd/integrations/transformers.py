@@ -89,8 +89,7 @@ _PROCESSOR_SOURCE = {
     "SynthIDTextWatermarkLogitsProcessor": "watermarking_config (use ersd's watermark= instead)",
 }
 
-# one ersd wrapper per module (the wrapper probes the tree mask once and keeps counters)
-_WRAPPED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# the tokenizer found beside a module's folder (None: none found), looked up once per module
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -119,15 +118,21 @@ def _calling_generate(model: Any) -> Any:
     )
 
 
+_WRAPPER_ATTR = "_ersd_hf_model"
+
+
 def wrap_module(module: Any) -> Any:
     """The :class:`ersd.models.hf.HFModel` of a transformers causal LM (one per module, cached;
     the weights are shared, never copied)."""
     from ersd.models.hf import HFModel
 
-    wrapped = _WRAPPED.get(module)
-    if wrapped is None:
+    # kept on the module itself (a weak mapping would keep it alive through the wrapper), and
+    # made again if the module moved to another device or dtype since
+    wrapped = module.__dict__.get(_WRAPPER_ATTR)
+    first = next(module.parameters())
+    if wrapped is None or (wrapped.device, wrapped.dtype) != (first.device, first.dtype):
         wrapped = HFModel(module, None)
-        _WRAPPED[module] = wrapped
+        module.__dict__[_WRAPPER_ATTR] = wrapped
     return wrapped
 
 
@@ -454,7 +459,7 @@ def _output(rows: list[_Row], gc: Any, device: torch.device) -> Any:
         return sequences
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    return GenerateDecoderOnlyOutput(sequences=sequences)
+    return GenerateDecoderOnlyOutput(sequences=sequences)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------

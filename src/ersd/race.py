@@ -263,38 +263,59 @@ def _block_bounds(p: np.ndarray, m: np.ndarray) -> np.ndarray:
         return m / top
 
 
-def _candidates(bound: np.ndarray, limit: float, v: int, strict: bool = False) -> np.ndarray:
-    """Token ids (ascending) of the blocks whose bound is at most (below) ``limit``."""
-    return _ids_of(np.flatnonzero(bound < limit if strict else bound <= limit), v)
+class V2Race:
+    """One v2 race drawn lazily: its block minima, and ``E`` of the blocks drawn so far (kept,
+    so the drafter's and the target's races at one context draw each block once).  The buffer
+    is allocated whole but written only where blocks are drawn."""
+
+    __slots__ = ("_done", "_e", "key", "minima", "stream")
+
+    def __init__(self, key: int, stream: int, vocab_size: int) -> None:
+        n_blocks = -(-vocab_size // V2_BLOCK)
+        self.key, self.stream = int(key), stream
+        self.minima = v2_block_minima(self.key, stream, n_blocks)
+        self._e = np.empty(n_blocks * V2_BLOCK)
+        self._done = np.zeros(n_blocks, dtype=bool)
+
+    def scores(self, blocks: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, E / p)`` over the tokens of ``blocks`` (ascending), ids ascending."""
+        todo = blocks[~self._done[blocks]]
+        if todo.size:
+            tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
+            self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, self.minima)
+            self._done[todo] = True
+        ids = _ids_of(blocks, p.shape[0])
+        with np.errstate(divide="ignore"):
+            return ids, self._e[ids] / p[ids]
+
+    def exponential(self, token: int) -> float:
+        """``E`` of one token (drawn alone if its block is not drawn yet)."""
+        b = token // V2_BLOCK
+        if self._done[b]:
+            return float(self._e[token])
+        return _v2_exponential_at(self.key, self.stream, token, self.minima)
+
+
+_BLOCK_IDS = np.arange(V2_BLOCK)
 
 
 def _ids_of(blocks: np.ndarray, v: int) -> np.ndarray:
     """The token ids of ``blocks`` (ascending block numbers), ascending, below ``v``."""
-    ids = (blocks[:, None] * V2_BLOCK + np.arange(V2_BLOCK)).ravel()
+    ids = (blocks[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
     return ids[ids < v] if blocks.size and blocks[-1] * V2_BLOCK + V2_BLOCK > v else ids
 
 
-def _scores_at(key: int, stream: int, p: np.ndarray, ids: np.ndarray, minima: Minima) -> np.ndarray:
-    e = v2_exponentials_at(key, stream, ids, minima)
-    with np.errstate(divide="ignore"):
-        return e / p[ids]
-
-
-def _best_blocks(
-    key: int, stream: int, p: np.ndarray, m: int, minima: Minima
-) -> tuple[np.ndarray, np.ndarray]:
+def _best_blocks(race: V2Race, p: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, scores)`` of every token that can be among the ``m`` best of the v2 race over
     weights ``p``, ids ascending.  Blocks are drawn in order of their bounds, 4, 16, 64, ...
     at a time, until the ``m``-th best score drawn is below the next bound: every block not
     drawn then holds only tokens scoring above it (above, not equal: ties stay decidable)."""
-    v = p.shape[0]
-    bound = _block_bounds(p, minima[0])
+    bound = _block_bounds(p, race.minima[0])
     order = np.argsort(bound)  # any order among equal bounds: blocks are drawn whole
     n = 4
     while True:
         n = min(n, order.size)
-        ids = _ids_of(np.sort(order[:n]), v)
-        sc = _scores_at(key, stream, p, ids, minima)
+        ids, sc = race.scores(np.sort(order[:n]), p)
         if m == 1:
             limit = float(sc.min())
         else:
@@ -305,35 +326,35 @@ def _best_blocks(
         n *= 4
 
 
-def v2_race_winner(key: int, stream: int, p: np.ndarray, minima: Minima) -> int:
+def v2_race_winner(race: V2Race, p: np.ndarray) -> int:
     """``argmin E / p`` (first minimum) of the v2 race over weights ``p`` (float64, >= 0, not all
     0), drawing only the blocks that can hold it (:func:`_best_blocks`): the token
     ``race_winner`` picks on the full row."""
-    ids, sc = _best_blocks(key, stream, p, 1, minima)
+    ids, sc = _best_blocks(race, p, 1)
     return int(ids[sc.argmin()])
 
 
-def v2_race_ranking(key: int, stream: int, p: np.ndarray, m: int, minima: Minima) -> list[int]:
+def v2_race_ranking(race: V2Race, p: np.ndarray, m: int) -> list[int]:
     """``race_ranking``'s ``m`` best tokens (score, then id; zero weights never) of the v2 race,
     from the blocks that can hold them (:func:`_best_blocks`)."""
-    ids, sc = _best_blocks(key, stream, p, m, minima)
+    ids, sc = _best_blocks(race, p, m)
     keep = np.isfinite(sc)
     ids, sc = ids[keep], sc[keep]
     best = np.lexsort((ids, sc))[:m]
     return [int(i) for i in ids[best]]
 
 
-def v2_race_rank(key: int, stream: int, p: np.ndarray, token: int, minima: Minima) -> int:
+def v2_race_rank(race: V2Race, p: np.ndarray, token: int) -> int:
     """``race_rank`` of the v2 race: 1 + the tokens scoring strictly below ``token``, counted in
     the blocks whose bound is below its score (no other token can)."""
     v = p.shape[0]
     w = float(p[token])
-    s = _v2_exponential_at(key, stream, token, minima) / w if w > 0 else math.inf
+    s = race.exponential(token) / w if w > 0 else math.inf
     if math.isinf(s):
         return v + 1
-    bound = _block_bounds(p, minima[0])
-    ids = _candidates(bound, s, v, strict=True)
-    return int(np.count_nonzero(_scores_at(key, stream, p, ids, minima) < s)) + 1
+    bound = _block_bounds(p, race.minima[0])
+    _, sc = race.scores(np.flatnonzero(bound < s), p)
+    return int(np.count_nonzero(sc < s)) + 1
 
 
 class RaceNoise:
@@ -355,7 +376,7 @@ class RaceNoise:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = int(vocab_size)
         self.scheme = check_race_scheme(scheme)
-        self._minima: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._lazy: OrderedDict[tuple[int, int], V2Race] = OrderedDict()
         self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -405,22 +426,26 @@ class RaceNoise:
         that can win (v2 with this class's own draw)."""
         return self.scheme == "v2" and type(self)._draw is RaceNoise._draw
 
-    def block_minima(self, key: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
-        """v2's per-block minima and their places for (key, stream), cached."""
+    def lazy_race(self, key: int, stream: int) -> V2Race:
+        """The lazily drawn v2 race of (key, stream), cached (its block minima and drawn blocks)."""
         cache_key = (int(key), stream)
         with self._lock:
-            hit = self._minima.get(cache_key)
+            hit = self._lazy.get(cache_key)
             if hit is not None:
-                self._minima.move_to_end(cache_key)
+                self._lazy.move_to_end(cache_key)
                 return hit
         if type(key) is not int and getattr(key, "watermarked", False):
             self._draw(key, stream)  # refuses a watermarked key, naming the fix
-        out = v2_block_minima(int(key), stream, -(-self.vocab_size // V2_BLOCK))
+        out = V2Race(int(key), stream, self.vocab_size)
         with self._lock:
-            self._minima[cache_key] = out
-            if len(self._minima) > 4 * self._cache_size:
-                self._minima.popitem(last=False)
+            self._lazy[cache_key] = out
+            if len(self._lazy) > max(self._cache_size, 64):
+                self._lazy.popitem(last=False)
         return out
+
+    def block_minima(self, key: int, stream: int) -> Minima:
+        """v2's per-block minima and their places for (key, stream) (:func:`v2_block_minima`)."""
+        return self.lazy_race(key, stream).minima
 
     def _host_weights(self, probs: torch.Tensor) -> np.ndarray | None:
         """``probs`` as a float64 NumPy row when the lazy v2 race applies to it, else None."""
@@ -435,7 +460,7 @@ class RaceNoise:
         p = self._host_weights(probs)
         if p is None:
             return race_winner(probs, self._row_for(key, stream, probs.device))
-        return v2_race_winner(int(key), stream, p, self.block_minima(key, stream))
+        return v2_race_winner(self.lazy_race(key, stream), p)
 
     def ranking(
         self, key: int, probs: torch.Tensor, m: int, stream: int = STREAM_RACE
@@ -444,14 +469,14 @@ class RaceNoise:
         p = self._host_weights(probs)
         if p is None:
             return race_ranking(probs, self._row_for(key, stream, probs.device), m)
-        return v2_race_ranking(int(key), stream, p, m, self.block_minima(key, stream))
+        return v2_race_ranking(self.lazy_race(key, stream), p, m)
 
     def rank(self, key: int, probs: torch.Tensor, token: int, stream: int = STREAM_RACE) -> int:
         """:func:`race_rank` of ``token`` against (key, stream)'s race."""
         p = self._host_weights(probs)
         if p is None:
             return race_rank(probs, self._row_for(key, stream, probs.device), token)
-        return v2_race_rank(int(key), stream, p, int(token), self.block_minima(key, stream))
+        return v2_race_rank(self.lazy_race(key, stream), p, int(token))
 
     def _row_for(self, key: int, stream: int, device: torch.device) -> torch.Tensor:
         """The race's ``E`` where ``device``'s probabilities are (the host row on the CPU)."""

@@ -11,7 +11,8 @@ It checks, printing one line each and failing on the first mismatch:
 
 1. **races**: :func:`ersd.race_torch.race_exponentials_torch` on the device equals the NumPy
    reference (:class:`ersd.race.RaceNoise`) bit for bit over whole 151,936-token races, every
-   stream kind (tails and wedge rejections included: ~80 and ~1,600 per race);
+   stream kind (tails and wedge rejections included: ~80 and ~1,600 per race), under race
+   schemes v1 (Philox) and v2 (blocked splitmix64, :func:`ersd.race.unit_log`);
 2. **plugin**: the vLLM plugin's row race (``ERSD_VLLM_NOISE=torch``, its Philox on the device)
    gives the NumPy backend's winners;
 3. **verification**: :func:`ersd.verify_batch.verify_many` on the device (every context at once,
@@ -64,13 +65,20 @@ def check(cond: bool, what: str) -> None:
 def races() -> None:
     keys = [root_key(s, [1, s]) for s in range(2 if QUICK else 8)] + [0, (1 << 64) - 1]
     vocab = 20000 if QUICK else V
-    noise = RaceNoise(vocab)
-    for stream in (STREAM_RACE, STREAM_DRAFT + 1, STREAM_VERIFY, STREAM_RESIDUAL):
-        got = race_exponentials_torch(keys, vocab, stream, DEV)
-        want = torch.stack([noise.exponentials(k, stream) for k in keys])
-        check(got.device.type == DEV.type, "races drawn on the device")
-        check(torch.equal(got.cpu(), want), f"races on {DEV} equal NumPy's (stream {stream})")
-    say(f"1 races: {len(keys)} keys x 4 streams x {vocab} tokens on {DEV}: bit-identical to NumPy")
+    for scheme in ("v1", "v2"):  # race schemes (docs/race-schemes.md)
+        noise = RaceNoise(vocab, scheme=scheme)
+        for stream in (STREAM_RACE, STREAM_DRAFT + 1, STREAM_VERIFY, STREAM_RESIDUAL):
+            got = race_exponentials_torch(keys, vocab, stream, DEV, scheme=scheme)
+            want = torch.stack([noise.exponentials(k, stream) for k in keys])
+            check(got.device.type == DEV.type, "races drawn on the device")
+            check(
+                torch.equal(got.cpu(), want),
+                f"{scheme} races on {DEV} equal NumPy's (stream {stream})",
+            )
+    say(
+        f"1 races: {len(keys)} keys x 4 streams x {vocab} tokens on {DEV}, schemes v1 and v2: "
+        "bit-identical to NumPy"
+    )
 
 
 def plugin() -> None:

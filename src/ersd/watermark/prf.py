@@ -52,6 +52,8 @@ class WatermarkPRF(Protocol):
 
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+#: entries of one [salts, tokens] block of the detector's Philox (memory ~ 30 words each)
+_BLOCK = 1 << 16
 _M32 = np.uint64(0xFFFFFFFF)
 _U32 = 0xFFFFFFFF
 
@@ -80,12 +82,19 @@ def _mulhilo64(a: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def philox4x64(
-    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray, counter1: int = 0
+    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray, counter1: int | np.ndarray = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Philox4x64-10 of counters ``(counter0, counter1, 0, 0)`` under keys ``(key0, key1)``
-    (uint64 arrays, broadcast): NumPy's ``Philox(key=key1 << 64 | key0)`` at that counter."""
-    zero = np.zeros_like(counter0, dtype=np.uint64)
-    c0, c1, c2, c3 = counter0.astype(np.uint64), zero + _u64(counter1), zero, zero
+    (uint64 arrays, broadcast together -- ``counter1`` may be an array, e.g. a column of
+    salts): NumPy's ``Philox(key=key1 << 64 | key0)`` at that counter."""
+    c1_arr = np.asarray(counter1, dtype=np.uint64) if not isinstance(counter1, int) else None
+    shape = np.broadcast_shapes(
+        np.shape(counter0), np.shape(key0), np.shape(key1), () if c1_arr is None else c1_arr.shape
+    )
+    zero = np.zeros(shape, dtype=np.uint64)
+    c0 = zero + np.asarray(counter0).astype(np.uint64)
+    c1 = zero + (_u64(counter1) if c1_arr is None else c1_arr)  # type: ignore[arg-type]
+    c2, c3 = zero, zero
     k0, k1 = key0.astype(np.uint64), key1.astype(np.uint64)
     with np.errstate(over="ignore"):
         for rnd in range(10):
@@ -159,11 +168,16 @@ class ErsdPRF:
         t = np.asarray(tokens, dtype=np.uint64)
         lane = (t % np.uint64(4)).astype(np.int64)
         counter = t // np.uint64(4) + np.uint64(1)
-        out = [
-            _words_to_uniform(np.choose(lane, philox4x64(counter, k0, k1, s)))
-            for s in (salts if salts is not None else [self.salt])
-        ]
-        return np.stack(out) if salts is not None else out[0]
+        if salts is None:
+            return _words_to_uniform(np.choose(lane, philox4x64(counter, k0, k1, self.salt)))
+        # every salt at once: a [salts, tokens] block per call, bounded to ~1M entries
+        col = np.asarray(list(salts), dtype=np.uint64).reshape(-1, 1)
+        step = max(1, _BLOCK // max(len(t), 1))
+        out = []
+        for i in range(0, len(col), step):
+            words = philox4x64(counter, k0, k1, col[i : i + step])
+            out.append(_words_to_uniform(np.choose(lane, words)))
+        return np.concatenate(out, axis=0) if out else np.zeros((0, len(t)))
 
 
 # --- vLLM's Philox4x32-10 PRF -----------------------------------------------------------------

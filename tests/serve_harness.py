@@ -34,6 +34,7 @@ def start(
     *args: str,
     step_delay: float = 0.0,
     encode_delay: float = 0.0,
+    layer_delay: float = 0.0,
     env: dict[str, str] | None = None,
     log: Path,
     models: tuple[str, ...] = ("--target", "toy", "--draft", "toy-draft"),
@@ -63,6 +64,7 @@ def start(
     stderr = log.open("wb")
     src = src or (Path(os.environ["ERSD_SERVE_SRC"]) if os.environ.get("ERSD_SERVE_SRC") else None)
     paths = {} if src is None else {"PYTHONPATH": f"{src}{os.pathsep}{ROOT}"}
+    paths["ERSD_HARNESS_LAYER_DELAY"] = str(layer_delay)
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -105,6 +107,21 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def _slow_layers(model: Any, delay: float) -> None:
+    """Each decoder layer of an HF model sleeps ``delay`` seconds (a forward hook): a forward of
+    any length takes ``layers * delay`` seconds, as a long prompt's prefill on a slow machine,
+    and still reports progress layer by layer."""
+    import torch
+
+    def sleep(*_: Any) -> None:
+        time.sleep(delay)
+
+    for sub in model.hf_module.modules():
+        if isinstance(sub, torch.nn.ModuleList):
+            for layer in sub.children():
+                layer.register_forward_hook(sleep)
+
+
 def _slowed(load: Any, step_delay: float, encode_delay: float) -> Any:
     def slow_load(name: str, **options: Any) -> Any:
         model = load(name, **options)
@@ -127,11 +144,23 @@ def _slowed(load: Any, step_delay: float, encode_delay: float) -> Any:
 
 
 def main() -> None:
+    import ersd
     from ersd.cli import main as cli
     from ersd.models import toy
 
     step_delay, encode_delay = float(sys.argv[1]), float(sys.argv[2])
     toy.load = _slowed(toy.load, step_delay, encode_delay)  # type: ignore[assignment]
+    layer_delay = float(os.environ.get("ERSD_HARNESS_LAYER_DELAY") or 0)
+    if layer_delay > 0:  # every HF model loaded (the target) gets slow layers
+        load_model = ersd.load_model
+
+        def slow_model(*args: Any, **kw: Any) -> Any:
+            model = load_model(*args, **kw)
+            if getattr(model, "hf_module", None) is not None:
+                _slow_layers(model, layer_delay)
+            return model
+
+        ersd.load_model = slow_model
     cli(["serve", *sys.argv[3:]], prog_name="ersd")
 
 

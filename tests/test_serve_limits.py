@@ -213,8 +213,14 @@ def test_api_docs_need_the_key(server: tuple[str, Path]) -> None:
 
 
 def test_repr_of_the_config_never_shows_a_key() -> None:
-    shown = repr(ServeConfig(model_name="m", api_key="s3cret-value-42"))
+    """Before: ``repr(ServeConfig)`` showed ``api_key='...'``."""
+    from ersd.watermark.settings import Watermark
+
+    wm = Watermark(key=bytes.fromhex(WM_KEY_HEX))
+    shown = repr(ServeConfig(model_name="m", api_key="s3cret-value-42", watermark=wm))
     assert "s3cret-value-42" not in shown and "api_key" not in shown
+    assert WM_KEY_HEX not in shown and WM_KEY_HEX[:16] not in shown
+    assert wm.fingerprint in shown  # the watermark is named by its fingerprint
 
 
 def test_access_log_never_records_the_query_string(server: tuple[str, Path]) -> None:

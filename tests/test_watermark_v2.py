@@ -168,6 +168,7 @@ def test_version_two_law_is_the_targets_and_a_reused_window_is_rejected(
     from ersd.watermark.keyed import WatermarkKey
 
     assert _law(2, range(2000)) >= KS_ALPHA
+    assert _law(1, range(2000, 4000)) >= KS_ALPHA  # the old version stays exact too
     monkeypatch.setattr(WatermarkKey, "repeated", property(lambda self: False))
     assert _law(2, range(2000)) < KS_ALPHA
 

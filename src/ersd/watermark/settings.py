@@ -63,9 +63,11 @@ class Watermark:
 
     * ``key`` — ``bytes`` (16-64) for ``"ersd-v1"``, an ``int`` in ``[0, 2**64)`` for
       ``"vllm-philox"``;
-    * ``context_width`` (h) — how many previous generated tokens key each race (default 4);
-    * ``num_salts`` — samples of one prompt race on salt ``seed % num_salts`` (so different seeds
-      give different texts); the detector tries every salt and corrects for it (Šidák);
+    * ``context_width`` (h) — how many previous tokens key each race (default 4);
+    * ``num_salts`` — samples of one prompt race on salt ``seed % num_salts``, so up to
+      ``num_salts`` different texts per prompt (default 256; key files that do not say: 8); the
+      detector tries every salt and corrects for it (Šidák: a factor of at most ``num_salts`` on
+      the p-value, and a cost linear in it);
     * ``salt`` — pin every sample to one salt instead (then seeds differ only where a window
       repeats);
     * ``tokenizer`` — optional name the key is meant for (the detector checks it);

@@ -299,6 +299,18 @@ def test_stop_strings_and_eos_cut_where_target_only_stops(smol: dict[str, Any]) 
     # without stop_tokenizer= the tokenizer saved beside the model is found
     again = _gen(model, enc, max_new_tokens=long, stop_strings=stop, **kw)
     assert again.tolist() == out.tolist()
+    # a stopping_criteria= of the caller's own is checked token by token too
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class AtLength(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
+            done = input_ids.shape[1] >= len(prompt) + 5
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+
+    out = _gen(
+        model, enc, max_new_tokens=long, stopping_criteria=StoppingCriteriaList([AtLength()]), **kw
+    )
+    assert out[0, len(prompt) :].tolist() == alone[:5]
     # EOS: an id that occurs in target-only's text ends it there (and is kept)
     eos = alone[6]
     first = alone.index(eos)

@@ -61,9 +61,6 @@ _WARPERS = {
     "MinPLogitsWarper": "min_p",
 }
 
-#: the stopping criteria ersd applies itself (EOS ids and the length)
-_NATIVE_STOPS = ("MaxLengthCriteria", "EosTokenCriteria")
-
 #: what a logits processor ersd cannot apply comes from, for the refusal
 _PROCESSOR_SOURCE = {
     "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
@@ -91,6 +88,8 @@ _PROCESSOR_SOURCE = {
 
 # the tokenizer found beside a module's folder (None: none found), looked up once per module
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# tokenizer -> the tokenizers already found to have its vocabulary (compared once per pair)
+_SAME_VOCAB: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
 
 
 def _refuse(message: str, param: str | None = None) -> GenerationInputError:
@@ -189,8 +188,13 @@ def _check_draft_tokenizer(model: Any, draft_model: Any, target_tok: Any) -> Non
     theirs = _hf_tokenizer(draft_model)
     if mine is None or theirs is None or mine is theirs:
         return
+    same = _SAME_VOCAB.setdefault(mine, weakref.WeakSet())
+    if theirs in same:
+        return
     a, b = mine.get_vocab(), theirs.get_vocab()
-    if a != b:
+    if a == b:
+        same.add(theirs)
+    else:
         raise VocabularyMismatchError(
             f"draft_model uses another tokenizer than the model ({len(a)} vs {len(b)} tokens): "
             "ersd verifies token ids, so pass a draft_model of the same tokenizer (the same model "
@@ -284,11 +288,30 @@ def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> li
     return prompts
 
 
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, torch.Tensor):
+        return {int(v) for v in value.flatten().tolist()}
+    return {int(v) for v in value} if isinstance(value, list | tuple) else {int(value)}
+
+
+def _is_native(criterion: Any, max_length: int, eos: Any) -> bool:
+    """Does ersd's own loop stop exactly like ``criterion`` (the length, the EOS ids)?"""
+    name = type(criterion).__name__
+    if name == "MaxLengthCriteria":
+        return int(criterion.max_length) >= max_length
+    if name == "EosTokenCriteria":
+        return _ids(criterion.eos_token_id) == _ids(eos)
+    return False
+
+
 def _stop_criteria(
-    stopping_criteria: Sequence[Any], stop_strings: Any, tokenizer: Any
+    stopping_criteria: Sequence[Any], stop_strings: Any, tokenizer: Any, max_length: int, eos: Any
 ) -> list[Any]:
-    """The criteria ersd must check token by token (EOS and length are ersd's own)."""
-    extra = [c for c in stopping_criteria if type(c).__name__ not in _NATIVE_STOPS]
+    """The criteria ersd must check token by token (those equal to its own stops are left out:
+    the length and the EOS ids are ersd's own)."""
+    extra = [c for c in stopping_criteria if not _is_native(c, max_length, eos)]
     if stop_strings:
         from transformers import StopStringCriteria
 
@@ -401,8 +424,8 @@ def generate(
         _check_draft_tokenizer(model, draft_model, stop_tokenizer)
     if stop_strings and tokenizer is None:
         tokenizer = _hf_tokenizer(draft) or _folder_tokenizer(model)
-    criteria = _stop_criteria(stopping_criteria or [], stop_strings, tokenizer)
     eos = gc.eos_token_id
+    criteria = _stop_criteria(stopping_criteria or [], stop_strings, tokenizer, gc.max_length, eos)
     common: dict[str, Any] = {
         "max_new_tokens": max_new,
         "method": method,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 import ersd
-from ersd.auto import EXPLORE_AFTER, EXPLORE_BUDGET, CurveCache, TreeChooser
+from ersd.auto import RULES, CurveCache, TreeChooser
 from ersd.cost_store import CostStore, model_key
 from ersd.costs import DEFAULT_SIZES, CostModel
 from ersd.drafting import ModelDrafter
@@ -60,8 +61,13 @@ def chooser(auto: AutoTree, curves: CurveCache | None = None) -> TreeChooser:
 
 
 def test_a_curve_is_measured_once_and_read_back_by_a_later_process(tmp_path) -> None:
+    """A cache that learns keeps what it measured; one that does not (the default) measures
+    the same and leaves the store as it found it."""
     model = Described("test/a")
-    first = CurveCache(store=store(tmp_path))
+    reader = CurveCache(store=store(tmp_path))
+    assert not reader.learn and len(reader.curve(model, [1, 2, 3], 1)) == len(DEFAULT_SIZES)
+    assert reader.measurements == 1 and not (tmp_path / "costs.json").exists()
+    first = CurveCache(store=store(tmp_path), learn=True)
     curve = first.curve(model, [1, 2, 3], 1)
     assert first.measurements == 1 and first.measure_seconds > 0 and model.forward_calls > 0
     data = json.loads((tmp_path / "costs.json").read_text())
@@ -70,7 +76,7 @@ def test_a_curve_is_measured_once_and_read_back_by_a_later_process(tmp_path) -> 
     assert entry["seconds"] == curve and entry["env"] == ENV
     # a later process (a new cache, a new store object on the same directory) measures nothing
     calls = model.forward_calls
-    later = CurveCache(store=store(tmp_path))
+    later = CurveCache(store=store(tmp_path), learn=True)
     assert later.curve(model, [7, 8], 1) == curve
     assert later.measurements == 0 and later.measure_seconds == 0.0 and later.store is not None
     assert later.store.hits == 1 and model.forward_calls == calls
@@ -94,7 +100,7 @@ def test_a_curve_is_measured_once_and_read_back_by_a_later_process(tmp_path) -> 
 )
 def test_a_stale_curve_is_remeasured_never_trusted(tmp_path, changed) -> None:
     model = Described("test/a")
-    CurveCache(store=store(tmp_path)).curve(model, [1, 2, 3], 1)
+    CurveCache(store=store(tmp_path), learn=True).curve(model, [1, 2, 3], 1)
     # poison the stored seconds: a stale entry must not be read, whatever it says
     path = tmp_path / "costs.json"
     data = json.loads(path.read_text())
@@ -102,7 +108,7 @@ def test_a_stale_curve_is_remeasured_never_trusted(tmp_path, changed) -> None:
         entry["seconds"] = [123.0] * len(DEFAULT_SIZES)
     path.write_text(json.dumps(data))
     calls = model.forward_calls
-    elsewhere = CurveCache(store=store(tmp_path, {**ENV, **changed}))
+    elsewhere = CurveCache(store=store(tmp_path, {**ENV, **changed}), learn=True)
     curve = elsewhere.curve(model, [1, 2, 3], 1)
     assert elsewhere.measurements == 1 and model.forward_calls > calls
     assert curve != [123.0] * len(DEFAULT_SIZES) and elsewhere.store is not None
@@ -110,7 +116,7 @@ def test_a_stale_curve_is_remeasured_never_trusted(tmp_path, changed) -> None:
     entry = next(iter(json.loads(path.read_text())["curves"].values()))
     assert entry["env"] == {**ENV, **changed} and entry["seconds"] == curve  # replaced
     # the same environment reads the poisoned entry back: proof the check above is the env's
-    same = CurveCache(store=store(tmp_path, {**ENV, **changed}))
+    same = CurveCache(store=store(tmp_path, {**ENV, **changed}), learn=True)
     assert same.curve(model, [1], 1) == curve and same.measurements == 0
 
 
@@ -119,12 +125,12 @@ def test_models_without_an_identity_are_not_stored_and_bad_files_are_rewritten(
 ) -> None:
     toy = table_model(V, 0)  # a Python function: no stable identity
     assert model_key(toy) is None and model_key(Described("x")) is not None
-    cache = CurveCache(store=store(tmp_path))
+    cache = CurveCache(store=store(tmp_path), learn=True)
     cache.curve(toy, [1, 2], 1)
     assert not (tmp_path / "costs.json").exists()
     (tmp_path / "costs.json").write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="ersd"):
-        CurveCache(store=store(tmp_path)).curve(Described("x"), [1, 2], 1)
+        CurveCache(store=store(tmp_path), learn=True).curve(Described("x"), [1, 2], 1)
     assert "unreadable" in caplog.text
     assert len(json.loads((tmp_path / "costs.json").read_text())["curves"]) == 1
 
@@ -132,7 +138,9 @@ def test_models_without_an_identity_are_not_stored_and_bad_files_are_rewritten(
 def test_an_unwritable_store_warns_once_and_still_measures(tmp_path, caplog) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    cache = CurveCache(store=store(blocker / "sub"))  # a directory below a file: not creatable
+    cache = CurveCache(
+        store=store(blocker / "sub"), learn=True
+    )  # a directory below a file: not creatable
     with caplog.at_level(logging.WARNING, logger="ersd"):
         a = cache.curve(Described("x"), [1, 2], 1)
         cache.curve(Described("y"), [1, 2], 1)
@@ -180,7 +188,7 @@ def test_a_curve_where_drafting_cannot_pay_never_drafts_nor_explores() -> None:
     c.observe_times(1, 0.0, 10 * plain, 10 * plain, prefill=True)
     c.elapsed = 1e6  # a huge budget (fake clock)
     decisions = []
-    for _ in range(20 * EXPLORE_AFTER):
+    for _ in range(20 * RULES.explore_after):
         decisions.append(c.choose([1, 2, 3]))
         c.observe_times(1, 0.0, plain, plain)  # every plain step exactly as predicted
     assert all(d is None for d in decisions)
@@ -237,10 +245,13 @@ def test_cannot_pay_generates_with_zero_draft_forwards_and_reports_it(monkeypatc
     assert not f["can_pay"] and "cannot pay" in res.summary()
     assert res.stats()["auto_finding_out"] == f
 
-    import ersd.auto as auto_mod
+    import ersd.auto.chooser
 
-    monkeypatch.setattr(auto_mod, "EXPLORE_BUDGET", 1e9)
-    monkeypatch.setattr(TreeChooser, "_drafting_can_pay", staticmethod(lambda ceiling, plain: True))
+    def broken(candidates, plain, state, rules=RULES):  # the ceiling rule off, unbudgeted
+        off = replace(rules, cannot_pay=False, explore_budget=1e9)
+        return ersd.auto.policy.decide(candidates, plain, state, off)
+
+    monkeypatch.setattr(ersd.auto.chooser, "decide", broken)
     broken, broken_draft = steep_generation(monkeypatch)
     assert broken_draft.forward_calls > 0 and broken.auto_finding_out["explore_steps"] > 0
     assert broken.tokens == res.tokens  # ERSD: the text does not depend on the trees
@@ -310,14 +321,14 @@ def test_exploration_is_budgeted_and_counts_the_drafts_lazy_prefill() -> None:
     short, long_ = chooser(AutoTree(costs=costs)), chooser(AutoTree(costs=costs))
     for c, context in ((short, [1] * 4), (long_, [1] * 4000)):
         c.elapsed = 40.0
-        picks = [c.choose(context) for _ in range(EXPLORE_AFTER + 1)]
-        assert all(p is None for p in picks[:EXPLORE_AFTER])
+        picks = [c.choose(context) for _ in range(RULES.explore_after + 1)]
+        assert all(p is None for p in picks[: RULES.explore_after])
     assert short.explore_spent > 0 and short.last is not None and short.last.explore
     # 4000 tokens of the draft's prefill (4 s on this draft curve) do not fit 2% of 40 s
     assert long_.explore_spent == 0.0
     long_.elapsed = 1000.0
     assert long_.choose([1] * 4000) is not None and long_.last is not None and long_.last.explore
-    assert long_.explore_spent > 4.0 and long_.explore_spent <= EXPLORE_BUDGET * long_.elapsed
+    assert long_.explore_spent > 4.0 and long_.explore_spent <= RULES.explore_budget * long_.elapsed
 
 
 def test_a_run_that_states_its_length_budgets_on_the_whole_run() -> None:
@@ -332,13 +343,13 @@ def test_a_run_that_states_its_length_budgets_on_the_whole_run() -> None:
     for horizon in (None, 40, 4000):
         c = TreeChooser(AutoTree(costs=costs), None, None, m, m, 1.0, None, horizon=horizon)
         c.elapsed = 40.0
-        picks = [c.choose([1] * 4000) for _ in range(EXPLORE_AFTER + 1)]
-        assert all(p is None for p in picks[:EXPLORE_AFTER])
+        picks = [c.choose([1] * 4000) for _ in range(RULES.explore_after + 1)]
+        assert all(p is None for p in picks[: RULES.explore_after])
         runs[horizon] = c
     assert runs[None].explore_spent == 0.0 and runs[40].explore_spent == 0.0
     long_ = runs[4000]  # 4000 tokens at 1.25 tokens/s: 3200 s, 2% = 64 s > the 4 s prefill
     assert long_.last is not None and long_.last.explore
-    assert 4.0 < long_.explore_spent <= EXPLORE_BUDGET * 4000 / 1.25
+    assert 4.0 < long_.explore_spent <= RULES.explore_budget * 4000 / 1.25
 
 
 def test_a_drafting_step_that_fed_the_drafts_prefill_is_not_learned_from() -> None:
@@ -429,14 +440,15 @@ def test_serve_tree_auto_prepares_its_curves_at_start_up(tmp_path, monkeypatch) 
     args = ["serve", "--target", "tiny-qwen2", "--draft", "tiny-qwen2-draft", "--tree", "auto"]
     args += ["--max-batch-size", "3"]
     counts = []
-    for _ in range(2):
-        res = CliRunner().invoke(main, args, catch_exceptions=False)
+    for flags in ([], ["--auto-learn"], []):
+        res = CliRunner().invoke(main, args + flags, catch_exceptions=False)
         assert res.exit_code == 0, res.output
         curves = seen["app"].state.serving.engine.curves
-        counts.append((curves.measurements, curves.store.hits))
+        counts.append((curves.measurements, curves.store.hits, curves.learn))
         assert "tree auto: cost curves for batch 1..3 ready" in res.stderr
-    # batch sizes 1, 2, 4 for the target and the draft: measured once, then read back
-    assert counts == [(6, 0), (0, 6)]
+    # batch sizes 1, 2, 4 for the target and the draft: measured, and kept only when asked
+    # (--auto-learn), then read back
+    assert counts == [(6, 0, False), (6, 0, True), (0, 6, False)]
 
 
 def test_auto_check_summary_pairs_runs_by_prompt_and_temperature() -> None:
@@ -551,19 +563,19 @@ def test_a_runs_rank_observations_are_folded_into_the_stored_profile(tmp_path) -
     """keep_profile merges only what is new since the last call, from KEEP_PROFILE_AFTER
     drafting steps on, weighting each depth by the observations behind it, and re-reads the
     file first (another process's write is kept)."""
-    from ersd.auto import KEEP_PROFILE_AFTER
 
     target, draft = Described("t"), Described("d", seed=1)
     s = store(tmp_path)
     s.put_profile(target, draft, "ersd", 1.0, [[0.5, 0.5], [1.0, 0.0]], 20, trials=[10, 10])
     m = get_method("ersd")
-    c = TreeChooser(AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0, CurveCache(s))
-    for _ in range(KEEP_PROFILE_AFTER - 1):
+    learning = CurveCache(s, learn=True)
+    c = TreeChooser(AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0, learning)
+    for _ in range(RULES.keep_profile_after - 1):
         c.observe([1, 2], 1, 2)
     assert not c.keep_profile()  # too few steps: nothing written
     c.observe([1, 2], 1, 2)
     assert c.keep_profile()
-    n = KEEP_PROFILE_AFTER
+    n = RULES.keep_profile_after
     later = store(tmp_path)  # a later process
     probs, trials = later.profile_entry(target, draft, "ersd", 1.0)
     assert trials == [10 + n, 10 + n]
@@ -573,7 +585,7 @@ def test_a_runs_rank_observations_are_folded_into_the_stored_profile(tmp_path) -
     # only its observations since the last fold
     later.put_profile(target, draft, "ersd", 1.0, [[1.0], [1.0]], 200, trials=[100, 100])
     assert not c.keep_profile()
-    for _ in range(KEEP_PROFILE_AFTER):
+    for _ in range(RULES.keep_profile_after):
         c.observe([2], 0, 1)
     assert c.keep_profile()
     probs, trials = store(tmp_path).profile_entry(target, draft, "ersd", 1.0)
@@ -582,11 +594,15 @@ def test_a_runs_rank_observations_are_folded_into_the_stored_profile(tmp_path) -
     assert probs[1][:1] == pytest.approx([1.0])
 
 
-def test_a_generation_without_a_stored_profile_leaves_one_for_the_next(monkeypatch) -> None:
-    """End to end through ersd.generate (the store of conftest's $ERSD_COST_STORE): the first
-    run starts from the generic prior and keeps its ranks; the next run's chooser starts from
-    them.  A run with a fixed tree keeps nothing.  The forwards run on a fake clock charging
-    CHEAP's seconds, so the timing corrections confirm the curve and the run keeps drafting."""
+def test_identical_calls_draft_identically_and_a_run_writes_the_store_only_when_asked(
+    monkeypatch,
+) -> None:
+    """End to end through ersd.generate (the store of conftest's $ERSD_COST_STORE).  Two
+    identical calls draft the same trees step by step and leave the store as they found it:
+    a run reads the store, it does not write it behind the caller's back (it used to keep its
+    rank profile and timing there, so the second call started from the first's).  A run given
+    ``CurveCache(learn=True)`` keeps them, and the next run's chooser starts from them.  The
+    forwards run on a fake clock charging CHEAP's seconds, so the step times are exact."""
     import ersd.drafting.model
     import ersd.generation
 
@@ -597,19 +613,36 @@ def test_a_generation_without_a_stored_profile_leaves_one_for_the_next(monkeypat
     for model, seconds in ((target, CHEAP.target), (draft, CHEAP.draft)):
         model.fn = clock.model(ersd.FunctionModel(model.fn, V), seconds).fn
     default = CostStore.default()
-    assert default.get_profile(target, draft, "ersd", 1.0) is None
-    ersd.generate(target, draft, [1, 2], max_new_tokens=40, tree="chain:3", seed=1)
-    assert CostStore.default().get_profile(target, draft, "ersd", 1.0) is None
-    res = ersd.generate(
-        target, draft, [1, 2], max_new_tokens=200, tree=AutoTree(costs=CHEAP), seed=1
-    )
+    assert default.path is not None and default.get_profile(target, draft, "ersd", 1.0) is None
+
+    def run(auto: AutoTree) -> tuple[Any, list[str]]:
+        res = ersd.generate(target, draft, [1, 2], max_new_tokens=200, tree=auto, seed=1)
+        return res, [s.choice["tree"] for s in res.steps]
+
+    before = default.path.read_bytes() if default.path.exists() else None
+    first, trees = run(AutoTree(costs=CHEAP))
+    second, again = run(AutoTree(costs=CHEAP))
+    assert trees == again and first.tokens == second.tokens
+    assert len({t for t in trees if t != "none"}) >= 1 and all(s.choice["why"] for s in first.steps)
+    after = default.path.read_bytes() if default.path.exists() else None
+    assert after == before
+    m = get_method("ersd")
+    assert not TreeChooser(
+        AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0
+    ).stored_prior
+    # asked to learn: the run keeps its ranks, and the next chooser starts from them (on
+    # CHEAP's curves, stored as `ersd models calibrate` would: nothing is timed for real)
+    for model, seconds in ((target, 0.1), (draft, 0.001)):
+        default.put_curve(model, 1, DEFAULT_SIZES, [seconds] * len(DEFAULT_SIZES))
+    learning = CurveCache(CostStore.default(), learn=True)
+    res, _ = run(AutoTree(costs=learning))
+    assert learning.measurements == 0
     drafted = [s for s in res.steps if s.ranks]
     assert len(drafted) >= 8
     probs, trials = CostStore.default().profile_entry(target, draft, "ersd", 1.0)
     assert trials[0] == len(drafted)
-    first = sum(1 for s in drafted if s.ranks[0] == 1) / len(drafted)
-    assert probs[0][0] == pytest.approx(first)
-    m = get_method("ersd")
+    ones = sum(1 for s in drafted if s.ranks[0] == 1) / len(drafted)
+    assert probs[0][0] == pytest.approx(ones)
     nxt = TreeChooser(AutoTree(costs=CHEAP), target, ModelDrafter(draft), m, m, 1.0)
     assert nxt.stored_prior
 
@@ -619,7 +652,6 @@ def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatc
     steps are timed it is decided once per CANNOT_PAY_RECHECK steps, not after every step's
     timing correction; a change of batch size re-decides at once.  A verdict near the margin
     is re-decided every step."""
-    from ersd.auto import CANNOT_PAY_MARGIN, CANNOT_PAY_RECHECK, CANNOT_PAY_TIMED
 
     calls = {"n": 0}  # decisions made (each looks up the step's costs once)
     real = TreeChooser.costs_at
@@ -631,12 +663,12 @@ def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatc
     monkeypatch.setattr(TreeChooser, "costs_at", counted)
     c = chooser(AutoTree(costs=STEEP))
     plain = STEEP.target_cost(1)
-    for _ in range(2 * CANNOT_PAY_RECHECK):
+    for _ in range(2 * RULES.cannot_pay_recheck):
         assert c.choose([1, 2, 3]) is None
         c.observe_times(1, 0.0, plain, plain)  # every step is learned from (timing)
-    # decided at each of the first steps (until CANNOT_PAY_TIMED plain steps are timed), then
-    # once per CANNOT_PAY_RECHECK steps
-    decided = CANNOT_PAY_TIMED + 2
+    # decided at each of the first steps (until RULES.cannot_pay_timed plain steps are timed), then
+    # once per RULES.cannot_pay_recheck steps
+    decided = RULES.cannot_pay_timed + 2
     assert calls["n"] == decided and c.last is not None and not c.last.can_pay
     assert c.choose([1, 2, 3], batch=2) is None and calls["n"] == decided + 1  # another batch
     # a curve whose ceiling is just under plain decoding's rate (within the margin): each step
@@ -644,7 +676,7 @@ def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatc
     near = CostModel(sizes=SIZES, target=[0.1, 0.2, 0.4, 0.8], draft=[0.005] * 4)
     n = chooser(AutoTree(costs=near))
     ceiling = max((1 + k) / near.step_time(TreeShape.chain(k)) for k in range(1, 9))
-    assert (1 - CANNOT_PAY_MARGIN) / 0.1 < ceiling < 1 / 0.1
+    assert (1 - RULES.cannot_pay_margin) / 0.1 < ceiling < 1 / 0.1
     calls["n"] = 0
     for _ in range(8):
         assert n.choose([1, 2, 3]) is None
@@ -711,20 +743,28 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     curve.  Now a run keeps its corrections per batch size (after KEEP_TIMING_AFTER timed
     steps of a kind), and the next run starts from them: here a drafting step predicted at
     0.15 s that really takes 1.5x is drafted by a first run, not by the next."""
-    from ersd.auto import KEEP_TIMING_AFTER
 
     target, draft = Described("t"), Described("d", seed=1)
     s = stored_curves(tmp_path, target, draft, 0.1, 0.05)
     m = get_method("ersd")
 
-    def new() -> TreeChooser:
-        return TreeChooser(AutoTree(costs=CurveCache(s)), target, ModelDrafter(draft), m, m, 1.0)
+    def new(learn: bool = True) -> TreeChooser:
+        auto = AutoTree(costs=CurveCache(s, learn=learn))
+        return TreeChooser(auto, target, ModelDrafter(draft), m, m, 1.0)
 
+    reader = new(learn=False)  # a run that was not asked to learn keeps nothing
+    shape = reader.choose([1, 2, 3])
+    t, d = reader._forward_parts(reader.costs_at([1], 1), shape, 1)
+    for _ in range(2 * RULES.keep_timing_after):
+        reader._catchup = 0
+        reader.observe_times(1, 1.5 * d, 1.5 * t, 1.5 * (t + d))
+    assert not reader.keep_timing() and not reader.keep_profile()
+    assert CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1) == {}
     first = new()
     shape = first.choose([1, 2, 3])
     assert shape is not None  # uncorrected: chain:1 at 1.6 tokens / 0.15 s beats 10 tokens/s
     t, d = first._forward_parts(first.costs_at([1], 1), shape, 1)
-    for _ in range(KEEP_TIMING_AFTER - 1):
+    for _ in range(RULES.keep_timing_after - 1):
         first._catchup = 0  # steps after the first (which fed the draft's prefill)
         first.observe_times(1, 1.5 * d, 1.5 * t, 1.5 * (t + d))
     assert not first.keep_timing()  # too few steps timed: nothing written
@@ -734,7 +774,7 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     assert not first.keep_timing()  # nothing timed since: not written again
     entry = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1)
     assert entry["spec"] == pytest.approx([1.5, 1.5, 0.0]) and "plain" not in entry
-    for _ in range(KEEP_TIMING_AFTER):  # plain steps as predicted (else plain borrows 1.5)
+    for _ in range(RULES.keep_timing_after):  # plain steps as predicted (else plain borrows 1.5)
         first.observe_times(1, 0.0, 0.1, 0.1, step=None)
     assert first.keep_timing()
     entry = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 1)
@@ -764,7 +804,7 @@ def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill(monkeypa
     """The draft prefills a batch's rows as one padded forward: the first drafting step costs
     the longest row's prompt on every row, not the asking row's (on the Intel bf16 pair: 1.2 s
     for 173 tokens x 8 rows, predicted 0.86 s from the first row's 118)."""
-    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # the prefill's price alone
+    rules = replace(RULES, batch_start_margin=0.0)  # the prefill's price alone
     costs = CostModel(
         sizes=SIZES, target=[0.1, 0.1, 0.1, 0.1], draft=[0.01, 0.02, 0.04, 0.08], overhead=0.0
     )
@@ -773,7 +813,7 @@ def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill(monkeypa
     picks = {}
     for longest in (None, 2000):
         auto = AutoTree(profile=profile, costs=costs)
-        c = TreeChooser(auto, None, None, m, m, 1.0, None, horizon=5000)
+        c = TreeChooser(auto, None, None, m, m, 1.0, None, horizon=5000, rules=rules)
         picks[longest] = c.choose([1] * 20, 4, longest)
         assert c.last is not None and c.last.best_tree_predicted is not None
         assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
@@ -812,11 +852,12 @@ def test_a_batch_with_one_slow_row_decodes_plain(monkeypatch) -> None:
     nothing needs nearly a step per token, and the batch runs until it is done: over the rest of
     the run plain decoding is faster, so auto stops drafting.  With every row accepting alike
     the rates are the per-step ones and auto drafts."""
-    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # the rows' rule alone
+    rules = replace(RULES, batch_start_margin=0.0)  # the rows' rule alone
     m = get_method("ersd")
     rows = [(k, 96) for k in range(8)]
     for slow in (False, True):
-        c = TreeChooser(AutoTree(profile=[[0.9]] * 8, costs=FLAT_ROWS), None, None, m, m, 1.0)
+        auto = AutoTree(profile=[[0.9]] * 8, costs=FLAT_ROWS)
+        c = TreeChooser(auto, None, None, m, m, 1.0, rules=rules)
         first = c.choose([1, 2, 3], 8, rows=rows)
         assert first is not None and c.last is not None
         per_step = c.last.step_tokens
@@ -840,7 +881,6 @@ def test_a_batch_starts_its_draft_only_on_a_clear_predicted_gain() -> None:
     of six started on such a gain and ran at 0.92 of target-only).  A batch starts its draft only
     if drafting is predicted BATCH_START_MARGIN faster; a lone sequence is not held back, and a
     batch whose draft has started goes on drafting on any predicted gain."""
-    from ersd.auto import BATCH_START_MARGIN
 
     m = get_method("ersd")
 
@@ -850,9 +890,9 @@ def test_a_batch_starts_its_draft_only_on_a_clear_predicted_gain() -> None:
     small, clear = chooser(0.6), chooser(0.75)
     assert small.choose([1, 2, 3], 8) is None and small.last is not None
     gain = small.last.best_tree_predicted / small.last.target_only  # chain:1, 1.6 tokens / 0.3 s
-    assert 1.0 < gain < 1 + BATCH_START_MARGIN and gain == pytest.approx(1.6 / 1.5)
+    assert 1.0 < gain < 1 + RULES.batch_start_margin and gain == pytest.approx(1.6 / 1.5)
     assert clear.choose([1, 2, 3], 8) is not None and clear.last is not None
-    assert clear.last.best_tree_predicted / clear.last.target_only >= 1 + BATCH_START_MARGIN
+    assert clear.last.best_tree_predicted / clear.last.target_only >= 1 + RULES.batch_start_margin
     assert chooser(0.6).choose([1, 2, 3], 1) is not None  # one row: the same gain drafts
     started = chooser(0.6)
     started._ever_drafted = True  # an earlier step (an exploring one, say) started the draft
@@ -863,8 +903,7 @@ def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path, monkeypatch) ->
     """Rows that left report how they accepted against the pool; a run keeps the spread of
     those factors with its timing at that batch size, and the next run starts from it (before
     its own rows have shown their rates, each is assumed as slow as the expected slowest)."""
-    monkeypatch.setattr(ersd.auto, "BATCH_START_MARGIN", 0.0)  # drafting at once, as it did
-    from ersd.auto import DEFAULT_ROW_SPREAD, KEEP_TIMING_AFTER, ROW_SPREAD_AFTER
+    rules = replace(RULES, batch_start_margin=0.0)  # drafting at once, as it did
 
     target, draft = Described("t"), Described("d", seed=1)
     s = store(tmp_path)
@@ -874,27 +913,28 @@ def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path, monkeypatch) ->
     m = get_method("ersd")
 
     def new() -> TreeChooser:
-        return TreeChooser(AutoTree(costs=CurveCache(s)), target, ModelDrafter(draft), m, m, 1.0)
+        auto = AutoTree(costs=CurveCache(s, learn=True))
+        return TreeChooser(auto, target, ModelDrafter(draft), m, m, 1.0, rules=rules)
 
     c = new()
     shape = c.choose([1, 2, 3], 8)
     assert shape is not None
     for row, rate in ((1, 0.5), (2, 1.0), (3, 0.0)):
-        c._row_tokens[row] = [rate * ROW_SPREAD_AFTER, ROW_SPREAD_AFTER]
+        c._row_tokens[row] = [rate * RULES.row_spread_after, RULES.row_spread_after]
     c._row_tokens[4] = [0.0, 1.0]  # too few drafted tokens to say
     for row in (1, 2, 3, 4, 99):
         c.forget_row(row)
     assert c._row_tokens == {} and c._spreads == [0.5, 1.0, 0.0]
     t, d = c._forward_parts(c.costs_at([1], 8), shape, 8)
-    for _ in range(KEEP_TIMING_AFTER):
+    for _ in range(RULES.keep_timing_after):
         c._catchup = 0
         c.observe_times(8, d, t, t + d)
     assert c.keep_timing()
     rows = CostStore(tmp_path, env=lambda: dict(ENV)).get_timing(target, draft, 8)["rows"]
     # pstdev of 0.5, 1, 0 (0.408) over 3 rows, pooled with the default over 8 pseudo-rows
-    pooled = ((8 * DEFAULT_ROW_SPREAD**2 + 3 * 0.408248**2) / 11) ** 0.5
+    pooled = ((8 * RULES.default_row_spread**2 + 3 * 0.408248**2) / 11) ** 0.5
     assert rows == pytest.approx([pooled, 3.0], rel=1e-5)
     nxt = new()
-    assert nxt._row_spread == (DEFAULT_ROW_SPREAD, 0.0)
+    assert nxt._row_spread == (RULES.default_row_spread, 0.0)
     nxt.choose([1, 2, 3], 8)
     assert nxt._row_spread == pytest.approx((pooled, 3.0), rel=1e-5)

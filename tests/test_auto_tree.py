@@ -7,12 +7,13 @@ import random
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 import ersd
-from ersd.auto import SMALLER_TREE_WITHIN, CurveCache, OnlineProfile, TreeChooser
+from ersd.auto import RULES, CurveCache, OnlineProfile, TreeChooser
 from ersd.batch import derive_seed
 from ersd.cli import main
 from ersd.costs import CostModel, CostModelError, measure_costs, predict
@@ -261,7 +262,6 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     EXPLORE_AFTER plain steps in a row, and only while the time it is predicted to lose keeps
     the run's exploration within EXPLORE_BUDGET of its time so far (a fake clock: the step
     times given to observe_times)."""
-    from ersd.auto import EXPLORE_AFTER, EXPLORE_BUDGET
 
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
     shape = c.choose([1], batch=1)
@@ -274,19 +274,20 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     assert c.choose([1], batch=1) is None  # drafting no longer pays (but could, were every
     assert c.last is not None and c.last.can_pay  # drafted token accepted)
     # the run so far (about 6.8 s) leaves no budget for a step predicted to lose ~0.3 s
-    decisions = [c.choose([1], batch=1) for _ in range(3 * EXPLORE_AFTER)]
+    decisions = [c.choose([1], batch=1) for _ in range(3 * RULES.explore_after)]
     assert all(d is None for d in decisions) and c.explore_spent == 0.0
     # a longer run (a prefill-like step adds time without being learned from): budget for one
     c.observe_times(1, 0.0, 12.0, 12.0, prefill=True)
     picks = []
-    for _ in range(3 * EXPLORE_AFTER):
+    for _ in range(3 * RULES.explore_after):
         d = c.choose([1], batch=1)
         assert c.last is not None
         picks.append((d is not None, c.last.explore, c.last.tree != "none"))
     # one exploring step with the best tree (the plain run was already long enough), then back
     # to the decision the costs favour, and no second one: the budget is spent
-    assert picks == [(True, True, True)] + [(False, False, False)] * (3 * EXPLORE_AFTER - 1)
-    assert 0.0 < c.explore_spent <= EXPLORE_BUDGET * c.elapsed
+    n = 3 * RULES.explore_after - 1
+    assert picks == [(True, True, True)] + [(False, False, False)] * n
+    assert 0.0 < c.explore_spent <= RULES.explore_budget * c.elapsed
 
 
 def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_ratio() -> None:
@@ -294,7 +295,6 @@ def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_rati
     is the raw curve; after two drafting steps auto takes one plain step to time it (once), and
     then one after every EXPLORE_PLAIN_AFTER drafting steps in a row. Until a kind of step is
     timed, its target forward borrows the other kind's measured/predicted ratio."""
-    from ersd.auto import EXPLORE_PLAIN_AFTER
 
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
     c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
@@ -315,12 +315,12 @@ def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_rati
     plain = FLAT.target_cost(1, 4)
     c.observe_times(4, 0.0, plain, plain)  # timed: as its curve says
     assert c.timing["plain"].steps == 1 and c._target_ratio("plain") == pytest.approx(1.0)
-    decisions = [c.choose([1], batch=4) for _ in range(EXPLORE_PLAIN_AFTER)]
+    decisions = [c.choose([1], batch=4) for _ in range(RULES.explore_plain_after)]
     assert all(d is not None for d in decisions)  # drafting pays; no second early plain step
     for d in decisions[-2:]:
         assert d is not None
     c._learned += 1  # (something was learned: the decision is made afresh)
-    assert c.choose([1], batch=4) is None  # after EXPLORE_PLAIN_AFTER drafting steps in a row
+    assert c.choose([1], batch=4) is None  # after explore_plain_after drafting steps in a row
     c._learned += 1
     assert c.choose([1], batch=4) is not None
 
@@ -336,12 +336,11 @@ def test_at_batch_1_the_early_plain_step_is_taken_only_while_the_lead_is_in_doub
     """A batch-1 run whose drafting leads plain decoding by less than EXPLORE_PLAIN_DOUBT
     times a plain step after two drafting steps; one leading by far more drafts on (its lead
     could not turn around), until EXPLORE_PLAIN_AFTER drafting steps in a row."""
-    from ersd.auto import EXPLORE_PLAIN_AFTER, EXPLORE_PLAIN_DOUBT
 
     c = chooser(AutoTree(profile=PROFILE, costs=costs))
     c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
     decisions = []
-    for _ in range(EXPLORE_PLAIN_AFTER):
+    for _ in range(RULES.explore_plain_after):
         shape = c.choose([1], batch=1)
         decisions.append(shape)
         assert c.last is not None
@@ -352,7 +351,7 @@ def test_at_batch_1_the_early_plain_step_is_taken_only_while_the_lead_is_in_doub
             c.observe_times(1, 0.0, costs.target_cost(1), costs.target_cost(1))
         c._learned += 1  # decide afresh every step
     ratio = c.last.predicted / c.last.target_only
-    assert lead[0] < ratio < lead[1] and (ratio < 1 + EXPLORE_PLAIN_DOUBT) == early
+    assert lead[0] < ratio < lead[1] and (ratio < 1 + RULES.explore_plain_doubt) == early
     if early:
         assert decisions[:2] != [None, None] and decisions[2] is None
         assert all(d is not None for d in decisions[3:])
@@ -379,14 +378,14 @@ def test_a_batch_step_is_costed_by_its_largest_tree_not_by_this_rows_choice() ->
 
 
 def test_step_timing_is_an_exponential_moving_average() -> None:
-    from ersd.auto import TIMING_EMA, StepTiming
+    from ersd.auto import StepTiming
 
     t = StepTiming()
     t.update(2.0, 3.0, 0.5)
     assert (t.target_ratio, t.draft_ratio, t.overhead) == (2.0, 3.0, 0.5)  # first step replaces
     t.update(1.0, 1.0, 0.1)
-    assert t.target_ratio == pytest.approx(2.0 + TIMING_EMA * (1.0 - 2.0))
-    assert t.overhead == pytest.approx(0.5 + TIMING_EMA * (0.1 - 0.5))
+    assert t.target_ratio == pytest.approx(2.0 + RULES.timing_ema * (1.0 - 2.0))
+    assert t.overhead == pytest.approx(0.5 + RULES.timing_ema * (0.1 - 0.5))
 
 
 def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
@@ -394,7 +393,7 @@ def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
     sizes = [nodes(c.choose([1], batch=b)) for b in (1, 2, 4, 8, 16, 64)]
     assert sizes == sorted(sizes, reverse=True), sizes
     assert sizes[0] > sizes[-1]
-    # the choice is the smallest candidate within SMALLER_TREE_WITHIN of the best, at every
+    # the choice is the smallest candidate within RULES.smaller_tree_within of the best, at every
     # batch size
     for b in (1, 8):
         c.choose([1], batch=b)
@@ -408,12 +407,12 @@ def test_trees_shrink_as_the_batch_grows_on_a_curve_linear_in_tokens() -> None:
             for s in c.candidates(PROFILE).values()
         }
         top = max(rates.values())
-        near = [n for n, r in rates.items() if r >= (1 - SMALLER_TREE_WITHIN) * top]
-        assert c.last.predicted >= (1 - SMALLER_TREE_WITHIN) * top - 1e-9
+        near = [n for n, r in rates.items() if r >= (1 - RULES.smaller_tree_within) * top]
+        assert c.last.predicted >= (1 - RULES.smaller_tree_within) * top - 1e-9
         assert nodes(c.choose([1], batch=b)) == min(near)
 
 
-def test_the_smallest_tree_near_the_best_predicted_rate_is_drafted(monkeypatch) -> None:
+def test_the_smallest_tree_near_the_best_predicted_rate_is_drafted() -> None:
     """Near its top the predicted rate is flat in the tree's size: of the trees within
     SMALLER_TREE_WITHIN of the best, the smallest is drafted -- and only a tree that beats no
     drafting."""
@@ -426,13 +425,13 @@ def test_the_smallest_tree_near_the_best_predicted_rate_is_drafted(monkeypatch) 
     hedged = nodes(c.choose([1, 2]))
     assert c.last is not None and c.last.tree != best  # chain:6 best, chain:4 within 3%
     assert hedged < c.candidates(PROFILE)[best].num_nodes
-    assert c.last.predicted >= (1 - SMALLER_TREE_WITHIN) * rates[best]
-    monkeypatch.setattr("ersd.auto.SMALLER_TREE_WITHIN", 0.0)  # off: the best tree itself
-    c = chooser(AutoTree(profile=PROFILE, costs=LINEAR))
+    assert c.last.predicted >= (1 - RULES.smaller_tree_within) * rates[best]
+    off = replace(RULES, smaller_tree_within=0.0)  # off: the best tree itself
+    m = get_method("ersd")
+    c = TreeChooser(AutoTree(profile=PROFILE, costs=LINEAR), None, None, m, m, 1.0, rules=off)
     c.choose([1, 2])
     assert c.last is not None and c.last.tree == best
     # every tree within 3% of the best but below plain decoding's rate: no drafting, as before
-    monkeypatch.setattr("ersd.auto.SMALLER_TREE_WITHIN", 0.03)
     c = chooser(AutoTree(profile=PROFILE, costs=STEEP))
     assert c.choose([1, 2]) is None and c.last is not None and c.last.tree == "none"
 
@@ -641,7 +640,8 @@ def test_the_bonus_below_a_fully_accepted_chain_is_observed_as_drafting_it_would
     from ersd.probs import SamplingParams, logits_to_probs
     from ersd.race import STREAM_RACE, RaceNoise, extend_key_many, race_rank, root_key
 
-    monkeypatch.setattr(ersd.auto, "TREE_SIZES", ())  # chains only: a leaf is the chain's end
+    # chains only: a leaf is the chain's end
+    monkeypatch.setattr(ersd.auto.chooser, "TREE_SIZES", ())
     monkeypatch.setattr(TreeChooser, "observe_times", lambda self, *a, **k: None)
     seen: list[tuple[int, int | None]] = []
     real = TreeChooser.observe_beyond

@@ -1,0 +1,159 @@
+"""The whole of ``tree="auto"``'s policy: one pure function from predictions and the run's
+state to this step's tree and why.  No clock, no file, no model, no hidden state: the caller
+(:class:`ersd.auto.TreeChooser`) predicts each candidate's tokens and seconds from the cost
+curves and the acceptance estimate, keeps the run's state, and applies the decision.
+
+The rules, in the order they are applied (constants in :class:`~ersd.auto.rules.Rules`; the
+table in ``docs/auto-tree.md`` says what each one earns):
+
+1. **best**: the candidate with the highest predicted rate -- or rather the smallest tree
+   within ``smaller_tree_within`` of it -- is drafted if it beats plain decoding;
+2. **cannot pay**: never draft (nor explore) where even every drafted token accepted would not
+   beat plain decoding; a clear verdict is kept ``cannot_pay_recheck`` steps;
+3. **batch start**: a batch starts its draft only on a gain of ``batch_start_margin``;
+4. **prefill pays off**: with a known horizon, the draft's catch-up must pay over the rest;
+5. **explore drafting**: after ``explore_after`` plain steps, draft the best tree once;
+6. **explore plain**: after ``explore_plain_after`` drafting steps, one plain step (and an early
+   one, ``early_plain``, if no plain step was timed);
+
+5 and 6 only within ``explore_budget`` of the run's time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ersd.auto.rules import RULES, Rules
+from ersd.tree import TreeShape
+
+
+class Candidate(NamedTuple):
+    """A drafting candidate's prediction: new tokens over the batch and seconds of one step
+    (in a batch, tokens restated so that tokens / seconds is the rate to the batch's end)."""
+
+    spec: str
+    shape: TreeShape
+    tokens: float
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the run has done so far, as the policy needs it (kept by the caller)."""
+
+    batch: int = 1
+    plain_run: int = 0  # steps in a row without drafting
+    spec_run: int = 0  # steps in a row with drafting
+    plain_timed: int = 0  # plain steps of the run timed so far
+    spec_timed: int = 0  # drafting steps timed so far
+    plain_explored: bool = False  # the early plain step was taken
+    ever_drafted: bool = False  # the draft session has been fed
+    explore_spent: float = 0.0  # predicted seconds lost to exploration so far
+    run_seconds: float = 0.0  # the run's time so far, or its projected time if larger
+    catchup_seconds: float = 0.0  # the draft's catch-up if this step drafts (0: nothing to feed)
+    tokens_left: float | None = None  # tokens the batch may still emit (None: no horizon)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """This step's tree (None: no drafting) and why; ``best`` the best drafting candidate."""
+
+    shape: TreeShape | None
+    spec: str
+    why: str
+    best: Candidate | None
+    plain: float  # predicted tokens/s over the batch without drafting
+    can_pay: bool = True
+    explore: bool = False
+    lost: float = 0.0  # predicted seconds an exploration step loses
+    recheck_after: int = 0  # steps a clear "cannot pay" verdict is kept (0: re-decide next step)
+
+
+def smallest_near_best(
+    candidates: list[Candidate], plain: float, within: float = RULES.smaller_tree_within
+) -> Candidate | None:
+    """The smallest tree whose predicted rate is within ``within`` of the best one's (and above
+    ``plain``, if the best is); None without candidates."""
+    if not candidates:
+        return None
+    top = max(c.rate for c in candidates)
+    floor = max((1 - within) * top, plain) if top > plain else top
+    near = [c for c in candidates if c.rate >= floor]
+    return min(near, key=lambda c: (c.shape.num_nodes, -c.rate))
+
+
+def decide(
+    candidates: list[Candidate], plain: float, state: RunState, rules: Rules = RULES
+) -> Decision:
+    """This step's tree for predicted ``candidates`` against plain decoding's rate ``plain``
+    (tokens/s over the batch) in the run's ``state``."""
+    b = state.batch
+    best = smallest_near_best(candidates, plain, rules.smaller_tree_within)
+    ceiling = max((b * (1 + c.shape.depth) / c.seconds for c in candidates), default=-math.inf)
+    can_pay = ceiling > plain or not rules.cannot_pay
+    verdict = (
+        not can_pay
+        and ceiling <= (1 - rules.cannot_pay_margin) * plain
+        and state.plain_timed >= rules.cannot_pay_timed
+    )
+    recheck = rules.cannot_pay_recheck - 1 if verdict else 0
+
+    def out(draft: bool, why: str, explore: bool = False, lost: float = 0.0) -> Decision:
+        return Decision(
+            shape=best.shape if draft and best else None,
+            spec=best.spec if draft and best else "none",
+            why=why,
+            best=best,
+            plain=plain,
+            can_pay=can_pay,
+            explore=explore,
+            lost=max(lost, 0.0),
+            recheck_after=recheck,
+        )
+
+    def budget_allows(lost: float) -> bool:
+        return state.explore_spent + max(lost, 0.0) <= rules.explore_budget * state.run_seconds
+
+    if best is None:
+        return out(False, "no candidate")
+    if not can_pay:
+        return out(False, "cannot pay: full acceptance would not beat plain decoding")
+    why = "best predicted rate"
+    drafts = best.rate > plain
+    if not drafts:
+        why = "plain decoding predicted faster"
+    elif b > 1 and not state.ever_drafted and best.rate < (1 + rules.batch_start_margin) * plain:
+        drafts, why = False, "batch start: gain under the margin"
+    elif (
+        rules.prefill_pays_off
+        and state.tokens_left is not None
+        and state.catchup_seconds + state.tokens_left / best.rate >= state.tokens_left / plain
+    ):
+        drafts, why = False, "the draft's catch-up does not pay over the rest of the run"
+    if not drafts and state.plain_run >= rules.explore_after:
+        lost = best.seconds + state.catchup_seconds - best.tokens / plain
+        if budget_allows(lost):
+            return out(True, "explore: re-measure drafting", explore=True, lost=lost)
+    elif drafts and (
+        state.spec_run >= rules.explore_plain_after
+        or (
+            rules.early_plain
+            and not state.plain_timed
+            and state.spec_timed >= 2
+            and not state.plain_explored
+            and (b > 1 or best.rate < (1 + rules.explore_plain_doubt) * plain)
+        )
+    ):
+        lost = b / plain - b / best.rate  # B tokens plain, not at the best rate
+        if budget_allows(lost):
+            return out(False, "explore: time a plain step", explore=True, lost=lost)
+    return out(drafts, why)
+
+
+__all__ = ["Candidate", "Decision", "RunState", "decide", "smallest_near_best"]

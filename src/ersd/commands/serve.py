@@ -159,6 +159,12 @@ def is_loopback(host: str) -> bool:
     help="Seconds a detection waits for a free slot before HTTP 429 with Retry-After.",
 )
 @click.option(
+    "--auto-learn",
+    is_flag=True,
+    help="tree=auto: keep what the server measures and learns (cost curves, the pair's rank "
+    "profile, step-time corrections) in the cost store for later runs; off, it only reads it.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -186,6 +192,7 @@ def serve(
     max_detect_tokens: int,
     detect_concurrency: int,
     detect_wait: float,
+    auto_learn: bool,
     log_level: str,
 ) -> None:
     """Serve TARGET (speculating with DRAFT) over an OpenAI-compatible HTTP API."""
@@ -272,6 +279,7 @@ def serve(
     # The engine runs on the main thread and the HTTP server in a thread: torch forwards were
     # measured ~1.6x slower in a worker thread on this CPU (docs/serve.md, "Threads").
     app = create_app(pair.target, pair.draft, config, engine_thread=False)
+    app.state.serving.engine.curves.learn = auto_learn  # tree=auto writes the store if asked
     if shape is not None and shape.auto is not None:
         _prepare_auto(pair, app.state.serving.engine.curves, max_batch_size)
     server = uvicorn.Server(

@@ -569,3 +569,9 @@ def watermark_bench(
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(path.read_text())
+
+
+from ersd.commands.bench_field import field_multidraft, field_report  # noqa: E402
+
+bench.add_command(field_multidraft)
+bench.add_command(field_report)

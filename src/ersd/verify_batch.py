@@ -210,16 +210,24 @@ def _verify_levels(
                 continue
             p = _probs([logits[i][ctx[i]] for i in rows], params[rows[0]])
             noise = noises[rows[0]]
-            e = torch.stack([noise.exponentials(trees[i].keys[ctx[i]]) for i in rows])
-            scores = (e / p).numpy()
-            w = scores.argmin(axis=1)  # NumPy's first minimum, as race_winner on the CPU
+            keys = [trees[i].keys[ctx[i]] for i in rows]
+            if noise.lazy():  # race scheme v2: only the blocks that can win, row by row
+                e = None
+                w = [noise.winner(k, p[r]) for r, k in enumerate(keys)]
+            else:
+                e = torch.stack([noise.exponentials(k) for k in keys])
+                w = (e / p).numpy().argmin(axis=1)  # NumPy's first minimum, as race_winner
             for r, i in enumerate(rows):
                 tree, c, y = trees[i], ctx[i], int(w[r])
                 kids = tree.children[c]
                 if not kids:
                     token[i] = y
                     continue
-                got[i].append(_rank(rules[i], _draft_probs(tree, c), e[r], y))
+                q = _draft_probs(tree, c)
+                if e is None:
+                    got[i].append(noise.rank(keys[r], rules[i].race_probs(q), y))
+                else:
+                    got[i].append(_rank(rules[i], q, e[r], y))
                 hit = next((k for k in kids if tree.tokens[k] == y), None)
                 if hit is None:
                     token[i] = y

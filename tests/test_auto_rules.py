@@ -1,0 +1,284 @@
+"""One table row per rule of ``tree="auto"`` (``docs/auto-tree.md``), on the pure policy
+(:func:`ersd.auto.decide`) and the observation state (:mod:`ersd.auto.observe`): inputs that
+trigger the rule, the decision expected, and the same inputs with only that rule switched off
+(``replace(RULES, ...)``) deciding otherwise -- so each row shows that its rule, and no other,
+decides.  Nothing is patched: no clock, no file, no model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ersd.auto import (
+    RULES,
+    Candidate,
+    OnlineProfile,
+    RunState,
+    StepTiming,
+    TreeChooser,
+    decide,
+)
+from ersd.costs import CostModel
+from ersd.methods import get_method
+from ersd.tree import AutoTree, TreeShape
+
+
+def chain(k: int, tokens: float, seconds: float) -> Candidate:
+    """chain:k predicted to emit ``tokens`` (over the batch) in ``seconds``."""
+    return Candidate(f"chain:{k}", TreeShape.chain(k), tokens, seconds)
+
+
+#: drafting's rate 20 against plain's 10 (a clear lead), 1.1x (a doubtful one), 0.8x (behind)
+LEAD = [chain(2, 2.4, 0.12)]
+DOUBT = [chain(2, 2.2, 0.2)]
+BEHIND = [chain(1, 1.2, 0.15)]  # ceiling 2 / 0.15 = 13.3 > 10: drafting could pay
+HOPELESS = [chain(1, 1.9, 0.25)]  # ceiling 2 / 0.25 = 8 < 10 * 0.95: it cannot
+LONG = RunState(run_seconds=100.0)  # a run long enough for any exploration budget
+
+# (rule, candidates, plain, state, expected tree, expected why, the rule off, tree then)
+CASES: list[tuple[str, list[Candidate], float, RunState, str, str, dict[str, Any], str]] = [
+    ("best", LEAD, 10.0, LONG, "chain:2", "best predicted rate", {}, "chain:2"),
+    ("best", BEHIND, 10.0, LONG, "none", "plain decoding predicted faster", {}, "none"),
+    (
+        "smaller_tree_within",
+        [chain(2, 2.0, 0.1), chain(4, 3.0, 0.146)],  # 20 and 20.5 tokens/s
+        10.0,
+        LONG,
+        "chain:2",
+        "best predicted rate",
+        {"smaller_tree_within": 0.0},
+        "chain:4",
+    ),
+    (
+        "cannot_pay",  # a run of plain steps would explore, were drafting not hopeless
+        HOPELESS,
+        10.0,
+        replace(LONG, plain_run=100),
+        "none",
+        "cannot pay",
+        {"cannot_pay": False},
+        "chain:1",
+    ),
+    (
+        "batch_start_margin",  # 8 rows: drafting predicted 5% faster, the draft not started
+        [chain(1, 8.4, 0.1)],
+        80.0,
+        replace(LONG, batch=8),
+        "none",
+        "batch start",
+        {"batch_start_margin": 0.0},
+        "chain:1",
+    ),
+    (
+        "prefill_pays_off",  # 5 s of the draft's catch-up against 50 tokens left
+        LEAD,
+        10.0,
+        replace(LONG, catchup_seconds=5.0, tokens_left=50.0),
+        "none",
+        "catch-up",
+        {"prefill_pays_off": False},
+        "chain:2",
+    ),
+    (
+        "explore_after",  # 16 plain steps in a row: draft the best tree once
+        BEHIND,
+        10.0,
+        replace(LONG, plain_run=16),
+        "chain:1",
+        "explore",
+        {"explore_after": 10**9},
+        "none",
+    ),
+    (
+        "explore_budget",  # the same exploration, predicted to lose 0.03 s of a 1 s run
+        BEHIND,
+        10.0,
+        RunState(plain_run=16, run_seconds=1.0),
+        "none",
+        "plain decoding predicted faster",
+        {"explore_budget": 0.05},
+        "chain:1",
+    ),
+    (
+        "explore_plain_after",  # 64 drafting steps in a row: one plain step
+        LEAD,
+        10.0,
+        replace(LONG, spec_run=64, plain_timed=5),
+        "none",
+        "explore: time a plain step",
+        {"explore_plain_after": 10**9},
+        "chain:2",
+    ),
+    (
+        "early_plain",  # two drafting steps timed, no plain one, a doubtful lead at batch 1
+        DOUBT,
+        10.0,
+        replace(LONG, spec_timed=2),
+        "none",
+        "explore: time a plain step",
+        {"early_plain": False},
+        "chain:2",
+    ),
+    (
+        "explore_plain_doubt",  # the same with a clear lead: at batch 1 it is not in doubt
+        LEAD,
+        10.0,
+        replace(LONG, spec_timed=2),
+        "chain:2",
+        "best predicted rate",
+        {"explore_plain_doubt": 2.0},
+        "none",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "cands", "plain", "state", "tree", "why", "off", "tree_off"),
+    CASES,
+    ids=[f"{c[0]}-{c[4]}" for c in CASES],
+)
+def test_each_rule_decides_its_case(rule, cands, plain, state, tree, why, off, tree_off) -> None:
+    d = decide(cands, plain, state)
+    assert (d.spec, d.shape is None) == (tree, tree == "none"), d
+    assert why in d.why, d
+    assert decide(cands, plain, state, replace(RULES, **off)).spec == tree_off
+
+
+def test_cannot_pay_keeps_a_clear_verdict_once_plain_steps_were_timed() -> None:
+    """A verdict far below plain decoding (ceiling 8 against 10, under 1 - cannot_pay_margin)
+    is kept cannot_pay_recheck steps -- but only once cannot_pay_timed plain steps were timed
+    (not one step's noise), and not for a ceiling within the margin."""
+    timed = replace(LONG, plain_timed=RULES.cannot_pay_timed)
+    assert decide(HOPELESS, 10.0, timed).recheck_after == RULES.cannot_pay_recheck - 1
+    untimed = replace(timed, plain_timed=RULES.cannot_pay_timed - 1)
+    assert decide(HOPELESS, 10.0, untimed).recheck_after == 0
+    near = [chain(1, 1.9, 0.205)]  # ceiling 9.76: cannot pay, but within the 5% margin
+    assert not decide(near, 10.0, timed).can_pay and decide(near, 10.0, timed).recheck_after == 0
+    wide = replace(RULES, cannot_pay_margin=0.0)
+    assert decide(near, 10.0, timed, wide).recheck_after == RULES.cannot_pay_recheck - 1
+
+
+def test_the_batch_start_margin_holds_back_only_a_batch_whose_draft_has_not_started() -> None:
+    cands, state = [chain(1, 8.4, 0.1)], replace(LONG, batch=8)
+    assert decide(cands, 80.0, state).spec == "none"
+    assert decide(cands, 80.0, replace(state, ever_drafted=True)).spec == "chain:1"
+    assert decide([chain(1, 1.05, 0.1)], 10.0, replace(state, batch=1)).spec == "chain:1"
+    assert decide([chain(1, 8.8, 0.1)], 80.0, state).spec == "chain:1"  # 10% faster
+
+
+def test_exploration_reports_what_it_loses_and_the_early_plain_step_is_taken_once() -> None:
+    d = decide(BEHIND, 10.0, replace(LONG, plain_run=16))
+    assert d.explore and d.lost == pytest.approx(0.15 - 1.2 / 10.0)
+    spent = replace(LONG, plain_run=16, explore_spent=2.0 - 0.02)  # the budget is 2 s
+    assert decide(BEHIND, 10.0, spent).spec == "none"
+    early = decide(DOUBT, 10.0, replace(LONG, spec_timed=2))
+    assert early.explore and early.lost == pytest.approx(1 / 10.0 - 1 / 11.0)
+    taken = replace(LONG, spec_timed=2, plain_explored=True)
+    assert decide(DOUBT, 10.0, taken).spec == "chain:2"
+    # a batch takes it whatever the lead (its plain side is interpolated between batch sizes)
+    batch = replace(LONG, batch=2, spec_timed=2, ever_drafted=True)
+    assert decide([chain(2, 4.8, 0.12)], 20.0, batch).spec == "none"
+
+
+def test_the_policy_is_a_function_of_its_arguments() -> None:
+    """No hidden state: the same arguments give the same decision, whatever was decided
+    before, and the arguments are not changed."""
+    state = replace(LONG, plain_run=16)
+    first = decide(BEHIND, 10.0, state)
+    for cands in (LEAD, HOPELESS, DOUBT):
+        decide(cands, 10.0, state)
+    assert decide(BEHIND, 10.0, state) == first and state.plain_run == 16
+
+
+# --- the observation rules ---------------------------------------------------------------------
+
+
+def test_prior_weight_is_the_pseudo_observations_behind_an_estimate() -> None:
+    """One rejected root moves P(accept) from the prior's 0.6 to (0 + W · 0.6) / (1 + W)."""
+    for w in (RULES.prior_weight, 1.0):
+        p = OnlineProfile(False, rules=replace(RULES, prior_weight=w))
+        p.observe_chain(0, 1)
+        assert p.depth_probs()[0][0] == pytest.approx(w * 0.6 / (1 + w))
+
+
+def test_stale_decay_returns_a_depth_no_longer_drafted_to_the_pool() -> None:
+    """Four early rejections at depth 2, then forty accepted chain:1 steps: with the decay the
+    depth-2 estimate comes back towards the run's acceptance, without it it stays low."""
+
+    def depth2(rules: Any) -> float:
+        p = OnlineProfile(False, rules=rules)
+        for _ in range(4):
+            p.observe_chain(1, 2)  # root accepted, depth 2 rejected
+        for _ in range(40):
+            p.observe_chain(1, 1)
+        return float(p.depth_probs()[1][0])
+
+    assert depth2(RULES) > 0.8 > 0.6 > depth2(replace(RULES, stale_decay=1.0))
+
+
+def test_markov_root_estimates_the_root_after_a_full_acceptance_from_that_state() -> None:
+    """Roots after a full acceptance always accepted, the others always rejected: the root's
+    estimate for a row in state True is far above the estimate over all roots -- and a chooser
+    with the rule off decides every row on the latter."""
+    p = OnlineProfile(False)
+    for _ in range(20):
+        p.observe_chain(1, 1, state=True)
+        p.observe_chain(0, 1, state=False)
+    assert p.depth_probs([True])[0][0] > p.depth_probs([None])[0][0] + 0.3
+    m = get_method("ersd")
+    costs = CostModel(sizes=[1, 2, 4, 8], target=[0.1] * 4, draft=[0.01] * 4)
+    on = TreeChooser(AutoTree(costs=costs), None, None, m, None, 0.0)
+    off = TreeChooser(
+        AutoTree(costs=costs), None, None, m, None, 0.0, rules=replace(RULES, markov_root=False)
+    )
+    for c in (on, off):
+        c.online = p
+        c.observe([], 1, 1)  # this row's last step: one draft, accepted (state True)
+    assert on._states(None) == [True] and off._states(None) == [None]
+
+
+def test_timing_ema_and_size_prior_steps() -> None:
+    """The step-time correction is an EMA of weight timing_ema after the first step; a forward
+    size's own ratio is shrunk towards the all-sizes ratio by size_prior_steps pseudo-steps."""
+    t = StepTiming()
+    t.update(2.0, 1.0, 0.5, (3, 1))
+    t.update(1.0, 1.0, 0.1, (5, 1))
+    assert t.target_ratio == pytest.approx(2.0 + RULES.timing_ema * (1.0 - 2.0))
+    own, prior = 2.0, RULES.size_prior_steps
+    assert t.target_at((3, 1)) == pytest.approx((own + prior * t.target_ratio) / (1 + prior))
+    assert t.target_at((9, 1)) == t.target_ratio  # a size not timed: the all-sizes ratio
+    flat = StepTiming(rules=replace(RULES, size_prior_steps=1e9))
+    flat.update(2.0, 1.0, 0.5, (3, 1))
+    flat.update(1.0, 1.0, 0.1, (5, 1))
+    assert flat.target_at((3, 1)) == pytest.approx(flat.target_ratio)
+
+
+def test_row_factors_a_slow_row_keeps_the_batch_plain() -> None:
+    """A batch is done when its slowest row is: one row that accepts nothing makes drafting
+    lose over the rest of the run, so auto decodes plain; with the rows' rule off it drafts on
+    the pooled acceptance."""
+    flat = CostModel(
+        sizes=[1, 2, 4, 8],
+        target=[0.2] * 4,
+        draft=[0.1] * 4,
+        batch_sizes=[1, 8],
+        target_batch=[[0.2] * 4, [0.2] * 4],
+        draft_batch=[[0.1] * 4, [0.1] * 4],
+    )
+    m = get_method("ersd")
+    rows = [(k, 96) for k in range(8)]
+    picks = {}
+    for name, rules in (("on", RULES), ("off", replace(RULES, row_factors=False))):
+        rules = replace(rules, batch_start_margin=0.0)
+        c = TreeChooser(
+            AutoTree(profile=[[0.9]] * 8, costs=flat), None, None, m, m, 1.0, rules=rules
+        )
+        first = c.choose([1, 2, 3], 8, rows=rows)
+        assert first is not None
+        for _ in range(10):
+            for k, _ in rows:
+                c.observe([1] * first.depth, 0 if k == 0 else first.depth, first.depth, row=k)
+        picks[name] = c.choose([1, 2, 3], 8, rows=rows)
+    assert picks["on"] is None and picks["off"] is not None

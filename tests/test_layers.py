@@ -14,7 +14,7 @@ request   request, auto, cost_store
 loop      generation, watermark.audit (replays a transcript through a ``Request``)
 batch     batch
 api       the ``ersd`` package itself (lazy re-exports of the names above)
-edges     serve, integrations, bench
+edges     serve, integrations (and ``ersd.transformers``, their alias), bench
 commands  commands, cli
 ========  ==================================================================================
 
@@ -54,7 +54,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("loop", ("ersd.generation", "ersd.watermark.audit")),
     ("batch", ("ersd.batch",)),
     ("api", ("ersd",)),
-    ("edges", ("ersd.serve", "ersd.integrations", "ersd.bench")),
+    ("edges", ("ersd.serve", "ersd.integrations", "ersd.transformers", "ersd.bench")),
     ("commands", ("ersd.commands", "ersd.cli")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(FLOORS)}

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
+import string
 import subprocess
 import threading
 import time
@@ -31,11 +33,19 @@ from tests.serve_harness import start, stop
 
 STEP_DELAY = 0.02
 TOKENS = 40
+
+
+def _text(chars: int, seed: int = 0) -> str:
+    """Seeded random letters and spaces: every 4-token window new, so every token is scored."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_lowercase + " ") for _ in range(chars))
+
+
 #: the hammering clients' bodies: a 0.5 MB text (over the default cap: refused), and a text just
 #: under the default cap of 4,096 tokens (the toys' tokenizer: a token per byte), scored: the
 #: concurrency bound and the worker thread do the work
-BIG_TEXT = "the quick brown fox jumps over the lazy dog. " * 11_500
-CAP_TEXT = "the quick brown fox jumps over the lazy dog. " * 90
+BIG_TEXT = _text(500_000)
+CAP_TEXT = _text(4000)
 
 
 def _key_file(folder: Path, num_salts: int | None = None) -> Path:

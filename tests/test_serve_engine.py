@@ -303,14 +303,7 @@ def test_a_rebuilt_row_continues_exactly_watermark_included(watermarked: bool) -
             break
         rest += [t for _, rec, _ in rebuilt.step() for t in rec.tokens]
     assert len(whole) == 30 and whole[:11] + rest == whole
-    if watermarked:  # without `resumed` the windows would restart: a different text
-        from dataclasses import replace
-
-        naive = ersd.BatchEngine(target, draft)
-        naive.add(replace(job.continued(), resumed=0))
-        other: list[int] = []
-        for _ in range(100):
-            if len(other) >= 19:
-                break
-            other += [t for _, rec, _ in naive.step() for t in rec.tokens]
-        assert other != rest
+    # (watermark v2, issue 48: windows include the prompt, so a row rebuilt from prompt + tokens
+    # sees the same windows with or without ``resumed``; the contrast that checked ``resumed``
+    # mattered is gone with the prompt-blind windows it guarded -- a broken continuation, e.g.
+    # one that drops or repeats a delivered token, still fails the equality above)

@@ -104,7 +104,15 @@ class LlamaCppSession:
             raise
         for src, dst, p0, p1 in copies:
             self._ctx.seq_cp(src, dst, p0, p1)
-        rows = self._decode(items)
+        # the returned rows in one array, each written once from llama.cpp's buffer: with a
+        # tail the rows asked for are its last token (the root) and the n nodes, in that order
+        buf = np.empty((1 + n, self.owner.vocab_size), dtype=np.float32)
+        if tail:
+            rows = self._decode(items, buf)
+        else:
+            assert self._root is not None
+            buf[0] = self._root
+            rows = self._decode(items, buf[1:])
         if tail:
             self._root = rows[len(tail) - 1]
             self._n_cached = length
@@ -114,8 +122,7 @@ class LlamaCppSession:
         self._pseq += node_seq
         node_rows = [rows[len(tail) + i] for i in range(n)]
         self._prow += node_rows
-        assert self._root is not None
-        out = torch.from_numpy(np.stack([self._root, *node_rows]))
+        out = torch.from_numpy(buf)
         check_scored_logits(out, self.owner.name)
         return out
 
@@ -159,12 +166,17 @@ class LlamaCppSession:
             items.append([tokens[i], length + depths[i] - 1, [seq], True])
         return node_seq, copies
 
-    def _decode(self, items: list[_Item]) -> list[np.ndarray]:
+    def _decode(self, items: list[_Item], into: np.ndarray | None = None) -> list[np.ndarray]:
         """Decode ``items`` in calls of at most the batch size; logits per item (empty where
-        none were asked for)."""
+        none were asked for), written in order into the rows of ``into`` (one row per item that
+        asks for logits; default: a new array) and returned as views of it."""
         ctx, owner = self._ctx, self.owner
         out: list[np.ndarray] = []
         empty = np.zeros(0, dtype=np.float32)
+        if into is None:
+            wanted = sum(1 for item in items if item[3])
+            into = np.empty((wanted, ctx.vocab_size), dtype=np.float32)
+        k = 0
         for start in range(0, len(items), ctx.capacity):
             chunk = [(t, p, s, o) for t, p, s, o in items[start : start + ctx.capacity]]
             rc = ctx.decode(chunk)
@@ -177,7 +189,13 @@ class LlamaCppSession:
                     "'ersd.llamacpp' to DEBUG for llama.cpp's message"
                 )
             self._used += len(chunk)
-            out += [ctx.logits(i) if c[3] else empty for i, c in enumerate(chunk)]
+            for i, c in enumerate(chunk):
+                if c[3]:
+                    ctx.logits_into(i, into[k])
+                    out.append(into[k])
+                    k += 1
+                else:
+                    out.append(empty)
         return out
 
     def _make_room(self, new: int) -> None:
@@ -273,6 +291,11 @@ class _Context:
     def logits(self, i: int) -> np.ndarray:
         ptr = self.lib.llama_get_logits_ith(self.ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def logits_into(self, i: int, dst: np.ndarray) -> None:
+        """Copy the logits of batch item ``i`` into ``dst`` (one copy, no new array)."""
+        ptr = self.lib.llama_get_logits_ith(self.ctx, i)
+        np.copyto(dst, np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)))
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1)

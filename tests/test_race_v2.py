@@ -413,3 +413,28 @@ def test_scalar_exponential_has_the_array_bits() -> None:
         row = v2_exponentials(key, 1 << 20, vocab)
         got = [_v2_exponential_at(key, 1 << 20, t, minima) for t in range(vocab)]
         assert got == row.tolist()
+
+
+def test_block_bounds_are_not_reused_for_a_changed_row() -> None:
+    """The bounds kept for a row are used again only for that very tensor, unmodified: after an
+    in-place change that gives a weak block most of the mass (its old bound would skip it), and
+    for another tensor, the lazy race still equals the whole row."""
+    vocab = 1000
+    noise = RaceNoise(vocab, scheme="v2")
+    g = torch.Generator().manual_seed(3)
+    moved = 0
+    for key in range(40):
+        p = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * 4, -1)
+        e = noise.exponentials(key)
+        assert noise.winner(key, p) == race_winner(p, e)
+        weak = int(p[: vocab - vocab % V2_BLOCK].view(-1, V2_BLOCK).amax(1).argmin())
+        t = weak * V2_BLOCK + 7
+        p[t] = 1.0  # in place: about half the mass now sits in the weakest block
+        want = race_winner(p, e)
+        assert noise.winner(key, p) == want
+        assert noise.rank(key, p, t) == race_rank(p, e, t)
+        moved += want == t
+        other = torch.zeros(vocab, dtype=torch.float64)
+        other[5] = 1.0
+        assert noise.ranking(key, other, 1) == [5]
+    assert moved >= 10  # the changed row's winner often sits where the old bounds never looked

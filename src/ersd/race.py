@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -268,7 +269,7 @@ class V2Race:
     so the drafter's and the target's races at one context draw each block once).  The buffer
     is allocated whole but written only where blocks are drawn."""
 
-    __slots__ = ("_done", "_e", "key", "minima", "stream")
+    __slots__ = ("_bounds", "_done", "_e", "key", "minima", "stream")
 
     def __init__(self, key: int, stream: int, vocab_size: int) -> None:
         n_blocks = -(-vocab_size // V2_BLOCK)
@@ -276,6 +277,18 @@ class V2Race:
         self.minima = v2_block_minima(self.key, stream, n_blocks)
         self._e = np.empty(n_blocks * V2_BLOCK)
         self._done = np.zeros(n_blocks, dtype=bool)
+        self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
+
+    def bounds(self, probs: torch.Tensor, p: np.ndarray) -> np.ndarray:
+        """:func:`_block_bounds` of ``p`` (the float64 host view of ``probs``), kept for the
+        last ``probs`` asked about while that very tensor lives unmodified (its ``_version``):
+        the draft's race and its rank statistic at one context share one pass over the row."""
+        last = self._bounds
+        if last is not None and last[0]() is probs and last[1] == probs._version:
+            return last[2]
+        bound = _block_bounds(p, self.minima[0])
+        self._bounds = (weakref.ref(probs), probs._version, bound)
+        return bound
 
     def scores(self, blocks: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, E / p)`` over the tokens of ``blocks`` (ascending), ids ascending."""
@@ -305,46 +318,54 @@ def _ids_of(blocks: np.ndarray, v: int) -> np.ndarray:
     return ids[ids < v] if blocks.size and blocks[-1] * V2_BLOCK + V2_BLOCK > v else ids
 
 
-def _best_blocks(race: V2Race, p: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _best_blocks(
+    race: V2Race, p: np.ndarray, m: int, bound: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, scores)`` of every token that can be among the ``m`` best of the v2 race over
-    weights ``p``, ids ascending.  Blocks are drawn in order of their bounds, 4, 16, 64, ...
-    at a time, until the ``m``-th best score drawn is below the next bound: every block not
-    drawn then holds only tokens scoring above it (above, not equal: ties stay decidable)."""
-    bound = _block_bounds(p, race.minima[0])
-    order = np.argsort(bound)  # any order among equal bounds: blocks are drawn whole
+    weights ``p``, ids ascending.  Blocks are drawn in order of their bounds (``bound``:
+    :func:`_block_bounds` of ``p``), the 4, 16, 64, ... smallest, until the ``m``-th best score
+    drawn is below the next bound: every block not drawn then holds only tokens scoring above it
+    (above, not equal: ties stay decidable)."""
+    if bound is None:
+        bound = _block_bounds(p, race.minima[0])
+    n_blocks = bound.size
     n = 4
     while True:
-        n = min(n, order.size)
-        ids, sc = race.scores(np.sort(order[:n]), p)
+        if n >= n_blocks:
+            return race.scores(np.arange(n_blocks), p)
+        part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
+        ids, sc = race.scores(np.sort(part[:n]), p)
         if m == 1:
             limit = float(sc.min())
         else:
             finite = sc[np.isfinite(sc)]
             limit = float(np.partition(finite, m - 1)[m - 1]) if finite.size >= m else math.inf
-        if n == order.size or bound[order[n]] > limit:
+        if bound[part[n]] > limit:
             return ids, sc
         n *= 4
 
 
-def v2_race_winner(race: V2Race, p: np.ndarray) -> int:
+def v2_race_winner(race: V2Race, p: np.ndarray, bound: np.ndarray | None = None) -> int:
     """``argmin E / p`` (first minimum) of the v2 race over weights ``p`` (float64, >= 0, not all
     0), drawing only the blocks that can hold it (:func:`_best_blocks`): the token
     ``race_winner`` picks on the full row."""
-    ids, sc = _best_blocks(race, p, 1)
+    ids, sc = _best_blocks(race, p, 1, bound)
     return int(ids[sc.argmin()])
 
 
-def v2_race_ranking(race: V2Race, p: np.ndarray, m: int) -> list[int]:
+def v2_race_ranking(
+    race: V2Race, p: np.ndarray, m: int, bound: np.ndarray | None = None
+) -> list[int]:
     """``race_ranking``'s ``m`` best tokens (score, then id; zero weights never) of the v2 race,
     from the blocks that can hold them (:func:`_best_blocks`)."""
-    ids, sc = _best_blocks(race, p, m)
+    ids, sc = _best_blocks(race, p, m, bound)
     keep = np.isfinite(sc)
     ids, sc = ids[keep], sc[keep]
     best = np.lexsort((ids, sc))[:m]
     return [int(i) for i in ids[best]]
 
 
-def v2_race_rank(race: V2Race, p: np.ndarray, token: int) -> int:
+def v2_race_rank(race: V2Race, p: np.ndarray, token: int, bound: np.ndarray | None = None) -> int:
     """``race_rank`` of the v2 race: 1 + the tokens scoring strictly below ``token``, counted in
     the blocks whose bound is below its score (no other token can)."""
     v = p.shape[0]
@@ -352,7 +373,8 @@ def v2_race_rank(race: V2Race, p: np.ndarray, token: int) -> int:
     s = race.exponential(token) / w if w > 0 else math.inf
     if math.isinf(s):
         return v + 1
-    bound = _block_bounds(p, race.minima[0])
+    if bound is None:
+        bound = _block_bounds(p, race.minima[0])
     _, sc = race.scores(np.flatnonzero(bound < s), p)
     return int(np.count_nonzero(sc < s)) + 1
 
@@ -460,7 +482,8 @@ class RaceNoise:
         p = self._host_weights(probs)
         if p is None:
             return race_winner(probs, self._row_for(key, stream, probs.device))
-        return v2_race_winner(self.lazy_race(key, stream), p)
+        race = self.lazy_race(key, stream)
+        return v2_race_winner(race, p, race.bounds(probs, p))
 
     def ranking(
         self, key: int, probs: torch.Tensor, m: int, stream: int = STREAM_RACE
@@ -469,14 +492,16 @@ class RaceNoise:
         p = self._host_weights(probs)
         if p is None:
             return race_ranking(probs, self._row_for(key, stream, probs.device), m)
-        return v2_race_ranking(self.lazy_race(key, stream), p, m)
+        race = self.lazy_race(key, stream)
+        return v2_race_ranking(race, p, m, race.bounds(probs, p))
 
     def rank(self, key: int, probs: torch.Tensor, token: int, stream: int = STREAM_RACE) -> int:
         """:func:`race_rank` of ``token`` against (key, stream)'s race."""
         p = self._host_weights(probs)
         if p is None:
             return race_rank(probs, self._row_for(key, stream, probs.device), token)
-        return v2_race_rank(self.lazy_race(key, stream), p, int(token))
+        race = self.lazy_race(key, stream)
+        return v2_race_rank(race, p, int(token), race.bounds(probs, p))
 
     def _row_for(self, key: int, stream: int, device: torch.device) -> torch.Tensor:
         """The race's ``E`` where ``device``'s probabilities are (the host row on the CPU)."""

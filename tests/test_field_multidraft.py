@@ -242,6 +242,11 @@ def test_summary_pairs_by_prompt_and_writes_the_report(tmp_path):
     s2 = summarise([r for r in recs if r is not drop])
     assert drop["prompt"] in s2["partial_prompts_left_out"]
     assert all(c["n"] == 3 for row in s2["block_efficiency"].values() for c in row.values())
+    # the per-node prediction of chain:4 from SD's exact acceptance a: 1 + a + a² + a³ + a⁴
+    ex = [r for r in recs if r["kind"] == "exact"]
+    a = [float(np.mean(r["acceptance"]["sd"]["1"])) for r in ex]
+    want = np.mean([sum(x**d for d in range(5)) for x in a])
+    assert s["predicted"]["sd"]["1"]["mean"] == pytest.approx(want)
     out = write_report(path, tmp_path / "rep")
     assert (out / "block_efficiency_vs_drafts.png").stat().st_size > 1000
     tables = (out / "tables.md").read_text()
@@ -288,3 +293,23 @@ def test_the_exact_column_is_the_mean_of_the_acceptance_indicator():
         if wrong is not None and abs(mc - wrong) / se >= 3.9:
             rejected_broken += 1
     assert rejected_broken >= 3
+
+
+def test_the_command_runs_resumes_and_reports(tmp_path):
+    from click.testing import CliRunner
+
+    from ersd.cli import main
+
+    out, rep = tmp_path / "r.jsonl", tmp_path / "rep"
+    args = ["bench", "field-multidraft", "--scale", "toy", "--prompts", "1", "--drafts", "1,2"]
+    args += ["--max-new-tokens", "8", "--exact-contexts", "2", "--out", str(out)]
+    res = CliRunner().invoke(main, [*args, "--report", str(rep)])
+    assert res.exit_code == 0, res.output
+    assert (rep / "tables.md").is_file()
+    n = len(read_records(out))
+    again = CliRunner().invoke(main, args)  # everything is there: nothing runs twice
+    assert again.exit_code == 0 and len(read_records(out)) == n
+    bad = CliRunner().invoke(main, [*args, "--max-new-tokens", "9"])
+    assert bad.exit_code != 0 and "differs in: max_new_tokens" in bad.output
+    dry = CliRunner().invoke(main, ["bench", "field-multidraft", "--scale", "liu", "--dry-run"])
+    assert dry.exit_code == 0 and "multi:8x4" in dry.output and "cnn_dailymail" in dry.output

@@ -50,6 +50,12 @@ def _ints(value: str | None, option: str) -> tuple[int, ...] | None:
     default=None,
     help="Contexts per prompt in the exact one-step column (0: none).",
 )
+@click.option(
+    "--calibration-tokens",
+    type=int,
+    default=None,
+    help="Tokens of the calibration run that picks ERSD's equal-budget trees.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the cells and exit.")
 def field_multidraft(
     scale: str,
@@ -61,6 +67,7 @@ def field_multidraft(
     methods: str | None,
     seeds: str | None,
     exact_contexts: int | None,
+    calibration_tokens: int | None,
     dry_run: bool,
 ) -> None:
     """The multi-draft papers' table: ERSD, GLS, SpecTr, SpecHub, RRS-wor, SpecInfer and SD at
@@ -77,6 +84,7 @@ def field_multidraft(
             methods=tuple(methods.split(",")) if methods else None,
             seeds=_ints(seeds, "--seeds"),
             exact_contexts=exact_contexts,
+            calibration_tokens=calibration_tokens,
         )
         if dry_run:
             for line in describe_plan(p):

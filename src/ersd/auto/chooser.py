@@ -603,7 +603,9 @@ class TreeChooser:
         """Whether :meth:`observe_beyond` learns anything: an online estimate whose observations
         are ranks (ERSD) or deterministic acceptances (temperature 0, where a drafted token is
         accepted exactly when it is the target's)."""
-        return self.online is not None and (self.ranked or self.temperature == 0.0)
+        if self.online is None or not self.rules.beyond:
+            return False
+        return self.ranked or self.temperature == 0.0
 
     def observe_beyond(self, depth: int, rank: int | None) -> None:
         """The last step's bonus token, one depth below its fully accepted path, and its rank in

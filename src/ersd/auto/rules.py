@@ -28,6 +28,8 @@ class Rules:
     stale_decay: float = 0.9
     #: the root after a full acceptance is estimated from the roots seen in that state
     markov_root: bool = True
+    #: the bonus token below a fully accepted path counts as an observation of that depth
+    beyond: bool = True
     # --- the step-time correction (observe.StepTiming) -----------------------------------------
     #: weight of the newest step in the timing correction (exponential moving average)
     timing_ema: float = 0.25

@@ -392,8 +392,9 @@ def _compare(
                 "round differently and a near-tie can flip; rerun with --dtype float32 "
                 "for the bit-exact check."
                 if pair.dtype not in ("float32", "gguf")
-                else "This should not happen in float32 or with llama.cpp's exact "
-                "batch policy: please report it."
+                else "In float32 only a race within rounding error of a tie can flip (see "
+                "the identity line and the race margins); with llama.cpp's exact batch policy "
+                "this should not happen: please report it."
             )
         )
     return dict(

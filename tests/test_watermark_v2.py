@@ -280,6 +280,33 @@ def test_audit_of_a_text_that_re_tokenizes_otherwise_is_not_a_forgery(
     assert bad.status == "forgery" and not bad.verified and bad.first_forgery is not None
 
 
+class _SpecialTokenizer(_PieceTokenizer):
+    """Piece 4 is a special token: decoding skips it, so the text does not show it."""
+
+    pieces = ("a", "b", "ab", "c", "<s>")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == 4))
+
+
+def test_audit_of_a_text_whose_special_tokens_were_skipped_is_not_a_forgery() -> None:
+    """A generated special token (an EOS mid-text without eos_token_id) leaves no character in
+    the decoded text: the audit inserts it where the race wrote it, instead of calling the text
+    a forgery (SmolLM2: 1 of 24 watermarked 48-token texts)."""
+
+    def fn(seqs: list[list[int]]) -> torch.Tensor:
+        out = torch.zeros((len(seqs), 5))
+        out[:, 2] = -40.0
+        return out
+
+    model, tok = ersd.FunctionModel(fn, 5), _SpecialTokenizer()
+    res = ersd.generate(model, None, [3], max_new_tokens=40, seed=6, watermark=Watermark(key=KEY))
+    assert 4 in res.tokens  # the case at hand
+    text = tok.decode(res.tokens)
+    rep = audit_text(model, tok, [3], text, seed=6, watermark=Watermark(key=KEY))
+    assert rep.status == "verified" and rep.realigned
+
+
 def test_audit_builds_its_key_through_the_request_and_reads_the_catalog() -> None:
     wm = Watermark(key=KEY)
     res = ersd.generate(BIG, None, [1, 2, 3, 4, 5], max_new_tokens=20, seed=4, watermark=wm)

@@ -12,13 +12,13 @@ GPU, bfloat16) moves log-probabilities by a little, so a mismatch whose margin i
 forgery.
 
 **From text** (:func:`audit_text`): a text does not always re-tokenize to the ids that were
-generated (a made-up word the model spelled in other pieces than the tokenizer's merges).  A
-mismatch whose race winner *continues the text as written* is such a re-tokenization, not an edit:
-the audit re-aligns on the winner and goes on, and reports the positions it re-aligned.  Only a
-winner whose characters depart from the text is a forgery; when that cannot be told (a token
-that decodes to part of a character), the result says ``retokenized`` and names the position --
-never a forgery.  Auditing the ids themselves (``ersd generate --json`` prints them) needs none of
-this.
+generated (a made-up word the model spelled in other pieces than the tokenizer's merges). A mismatch
+whose race winner *continues the text as written* is such a re-tokenization, not an edit: the audit
+re-aligns on the winner and goes on, and reports the positions it re-aligned (a winner that writes
+no characters -- a special token the decoded text skips -- is inserted). Only a winner whose
+characters depart from the text is a forgery; when that cannot be told (a token that decodes to part
+of a character), the result says ``retokenized`` and names the position -- never a forgery. Auditing
+the ids themselves (``ersd generate --json`` prints them) needs none of this.
 
 The race key is made by :meth:`ersd.Request.root_key` and the noise by
 :meth:`ersd.Request.resolve`, as generation makes them; the method must be one whose every token
@@ -264,9 +264,12 @@ def audit_text(
         ahead = decode([*ids[:t], winner])
         if "\ufffd" in ahead[len(head) :] or not text.startswith(head):
             return replace(rep, realigned=realigned, undecided=t)  # part of a character
-        if not text.startswith(ahead) or len(ahead) == len(head):
+        if not text.startswith(ahead):
             return replace(rep, realigned=realigned)  # the winner writes other characters
         realigned.append(t)
+        if len(ahead) == len(head):  # a token the text does not show (a skipped special one)
+            ids = [*ids[:t], winner, *ids[t:]]
+            continue
         ids = [*ids[:t], winner, *encode_text(tokenizer, text[len(ahead) :])]
         if decode(ids) != text:  # the tail re-tokenized across the cut: cannot re-align
             return replace(rep, realigned=realigned[:-1], undecided=t)

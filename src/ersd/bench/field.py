@@ -721,7 +721,11 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             }
     # exact one-step acceptance on the same contexts (means over prompts of per-prompt means)
     exact: dict[str, dict[str, Any]] = defaultdict(dict)
-    ex = [r for r in records if r.get("kind") == "exact" and r["prompt"] in complete]
+    first_exact: dict[str, dict[str, Any]] = {}
+    for r in records:  # one exact record per prompt (the first), on prompts with every cell
+        if r.get("kind") == "exact" and r["prompt"] in complete:
+            first_exact.setdefault(r["prompt"], r)
+    ex = list(first_exact.values())
     for r in ex:
         for m, d in r["acceptance"].items():
             for k, vals in d.items():
@@ -931,13 +935,20 @@ def plot(s: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def write_report(records_path: str | Path, out_dir: str | Path) -> Path:
-    """``summary.json``, ``tables.md`` and ``block_efficiency_vs_drafts.png`` in ``out_dir``."""
+def write_report(records_path: str | Path | Sequence[str | Path], out_dir: str | Path) -> Path:
+    """``summary.json``, ``tables.md`` and ``block_efficiency_vs_drafts.png`` in ``out_dir``.
+
+    With several records files, the first gives the settings and the measured cells, and the
+    ``exact`` records of all of them are read (e.g. a measured run and an exact-column run on
+    the same prompts); cells of the other files are left out, so no cell mixes two runs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    s = summarise(read_records(records_path))
+    paths = [records_path] if isinstance(records_path, str | Path) else list(records_path)
+    recs = read_records(paths[0])
+    recs += [r for path in paths[1:] for r in read_records(path) if r.get("kind") == "exact"]
+    s = summarise(recs)
     if not s["block_efficiency"]:
-        raise BenchConfigError(f"{records_path} holds no cell records yet; run the preset first")
+        raise BenchConfigError(f"{paths[0]} holds no cell records yet; run the preset first")
     (out_dir / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     (out_dir / "tables.md").write_text(format_tables(s))
     plot(s, out_dir / "block_efficiency_vs_drafts.png")

@@ -100,14 +100,15 @@ def field_multidraft(
 
 
 @click.command("field-report")
-@click.argument("records", type=click.Path(dir_okay=False, exists=True))
+@click.argument("records", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True)
-def field_report(records: str, out_dir: str) -> None:
-    """Tables and figure of a field-multidraft RECORDS file (a partial run works too)."""
+def field_report(records: tuple[str, ...], out_dir: str) -> None:
+    """Tables and figure of field-multidraft RECORDS files, read as one (a partial run works
+    too; e.g. a measured run and an exact-column run on the same prompts)."""
     from ersd.bench.field import write_report
     from ersd.errors import ErsdError
 
     try:
-        click.echo(str(write_report(records, out_dir)))
+        click.echo(str(write_report(list(records), out_dir)))
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None

@@ -749,6 +749,17 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 acc[int(k) - 1] = float(np.mean(vals))
                 shape = [int(k)] + [1] * (length - 1)
                 predicted[m][k].append(per_node_block_efficiency(shape, acc))
+    exact_paired: dict[str, dict[str, Any]] = defaultdict(dict)
+    for other in ("iid-optimum", "spectr", "specinfer", "sd"):
+        for k in sorted({k for r in ex for k in r["acceptance"].get("ersd", {})}, key=int):
+            diff = [
+                float(np.mean(r["acceptance"]["ersd"][k]))
+                - float(np.mean(r["acceptance"][other].get(k, r["acceptance"]["sd"]["1"])))
+                for r in ex
+                if k in r["acceptance"][other] or other == "sd"
+            ]
+            if diff:
+                exact_paired[other][k] = interval_record(diff)
     ratio: dict[str, Any] = {}
     for r in ex:
         acc = r["acceptance"]
@@ -769,6 +780,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "bound": bound,
         "exact": exact_table,
         "ersd_over_iid_optimum": {k: interval_record(v) for k, v in ratio.items()},
+        "ersd_minus_exact": dict(exact_paired),
         "predicted": {
             m: {k: interval_record(v) for k, v in d.items()} for m, d in predicted.items()
         },
@@ -857,6 +869,13 @@ def format_tables(s: dict[str, Any]) -> str:
         lines.append(
             "| ERSD ÷ i.i.d. optimum | " + " | ".join(_cellfmt(r.get(str(k))) for k in ks) + " |"
         )
+        for other, row in s.get("ersd_minus_exact", {}).items():
+            what = "SD at K = 1 (1 − TV)" if other == "sd" else _display(other)
+            lines.append(
+                f"| ERSD − {what}, paired | "
+                + " | ".join(_cellfmt(row.get(str(k))) for k in ks)
+                + " |"
+            )
         lines += [
             "",
             f"Per-node model from the same contexts: block efficiency of `multi:Kx{length}` "

@@ -288,3 +288,32 @@ def test_numbers_are_not_coerced(server: tuple[str, Path], value: Any) -> None:
             model="toy", prompt="hi", max_tokens=2, extra_body={"temperature": 1}
         )
     assert ok.choices[0].text is not None
+
+
+@pytest.mark.parametrize("tree", ["chain:3", "multi:2x2", "dynamic:4"])
+def test_a_request_tree_is_parsed_once(monkeypatch: pytest.MonkeyPatch, tree: str) -> None:
+    """Issue 49: the server parsed a request's tree twice (its own bound check, then the
+    ``Request``); now the ``Request`` takes the parsed tree."""
+    import ersd.tree_spec as tree_spec
+    from ersd.models import toy
+    from ersd.serve import protocol as P
+    from ersd.serve.requests import plan_request
+
+    target, draft = toy.load("toy"), toy.load("toy-draft")
+    calls: list[str] = []
+    for name in ("parse_tree", "parse_dynamic", "parse_auto"):
+        real = getattr(tree_spec, name)
+
+        def counted(spec: Any, *a: Any, _real: Any = real, **kw: Any) -> Any:
+            found = _real(spec, *a, **kw)
+            if found is not None:
+                calls.append(str(spec))
+            return found
+
+        monkeypatch.setattr(tree_spec, name, counted)
+    body = P.CompletionRequest(prompt="hi", max_tokens=2, tree=tree, seed=1)
+    plan = plan_request(
+        body, [5, 6], target=target, draft=draft, config=ServeConfig("toy"), chat=False
+    )
+    assert plan.shape is not None
+    assert calls == [tree]  # before: [tree, tree]

@@ -21,7 +21,7 @@ from ersd.cost_store import CostStore, model_key
 from ersd.costs import DEFAULT_SIZES, CostModel
 from ersd.drafting import ModelDrafter
 from ersd.methods import get_method
-from ersd.tree import AutoTree, TreeShape
+from ersd.tree import AutoTree
 from tests.toy import mixed_draft, table_model
 
 V = 30
@@ -647,65 +647,6 @@ def test_identical_calls_draft_identically_and_a_run_writes_the_store_only_when_
     assert nxt.stored_prior
 
 
-def test_a_clear_cannot_pay_verdict_is_kept_not_recomputed_every_step(monkeypatch) -> None:
-    """On STEEP the verdict is clear (the ceiling is far below plain decoding): once a few plain
-    steps are timed it is decided once per CANNOT_PAY_RECHECK steps, not after every step's
-    timing correction; a change of batch size re-decides at once.  A verdict near the margin
-    is re-decided every step."""
-
-    calls = {"n": 0}  # decisions made (each looks up the step's costs once)
-    real = TreeChooser.costs_at
-
-    def counted(self, context, batch):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        return real(self, context, batch)
-
-    monkeypatch.setattr(TreeChooser, "costs_at", counted)
-    c = chooser(AutoTree(costs=STEEP))
-    plain = STEEP.target_cost(1)
-    for _ in range(2 * RULES.cannot_pay_recheck):
-        assert c.choose([1, 2, 3]) is None
-        c.observe_times(1, 0.0, plain, plain)  # every step is learned from (timing)
-    # decided at each of the first steps (until RULES.cannot_pay_timed plain steps are timed), then
-    # once per RULES.cannot_pay_recheck steps
-    decided = RULES.cannot_pay_timed + 2
-    assert calls["n"] == decided and c.last is not None and not c.last.can_pay
-    assert c.choose([1, 2, 3], batch=2) is None and calls["n"] == decided + 1  # another batch
-    # a curve whose ceiling is just under plain decoding's rate (within the margin): each step
-    # re-decides, as the timing corrections may tip it
-    near = CostModel(sizes=SIZES, target=[0.1, 0.2, 0.4, 0.8], draft=[0.005] * 4)
-    n = chooser(AutoTree(costs=near))
-    ceiling = max((1 + k) / near.step_time(TreeShape.chain(k)) for k in range(1, 9))
-    assert (1 - RULES.cannot_pay_margin) / 0.1 < ceiling < 1 / 0.1
-    calls["n"] = 0
-    for _ in range(8):
-        assert n.choose([1, 2, 3]) is None
-        n.observe_times(1, 0.0, 0.1, 0.1)
-    assert calls["n"] == 8 and n.last is not None and not n.last.can_pay
-
-
-def test_the_first_drafting_step_pays_for_the_drafts_prefill_over_the_rest_of_the_run() -> None:
-    """Drafting gains a little per token on this curve; the first drafting step also prefills
-    the draft on the whole prompt (lazily).  With the run's length known, a short run on a long
-    prompt does not start the draft (the prefill would cost more than drafting saves), a long
-    run does; a run of unknown length decides per step as before."""
-    costs = CostModel(
-        sizes=SIZES, target=[0.1, 0.1, 0.1, 0.1], draft=[0.01, 0.02, 0.04, 0.08], overhead=0.0
-    )
-    m = get_method("ersd")
-    profile = [[0.5, 0.1]] * 8
-    prompt = [1] * 2000  # 2000 tokens: ~20 s of draft prefill on this curve
-    picks = {}
-    for horizon in (20, 100_000, None):
-        auto = AutoTree(profile=profile, costs=costs)
-        c = TreeChooser(auto, None, None, m, m, 1.0, None, horizon)
-        picks[horizon] = c.choose(prompt)
-        assert c.last is not None and c.last.can_pay and c.last.best_tree_predicted is not None
-        assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
-    assert picks[20] is None
-    assert picks[100_000] is not None and picks[None] is not None
-
-
 def test_auto_check_rotates_the_configurations_per_prompt_temperature_and_repeat() -> None:
     import argparse
 
@@ -798,26 +739,6 @@ def test_a_runs_timing_correction_is_kept_and_starts_the_next_run(tmp_path) -> N
     )
     given.choose([1, 2, 3])
     assert given.timing["spec"].steps == 0 and not given.keep_timing()
-
-
-def test_a_batchs_first_drafting_step_pays_for_its_longest_rows_prefill(monkeypatch) -> None:
-    """The draft prefills a batch's rows as one padded forward: the first drafting step costs
-    the longest row's prompt on every row, not the asking row's (on the Intel bf16 pair: 1.2 s
-    for 173 tokens x 8 rows, predicted 0.86 s from the first row's 118)."""
-    rules = replace(RULES, batch_start_margin=0.0)  # the prefill's price alone
-    costs = CostModel(
-        sizes=SIZES, target=[0.1, 0.1, 0.1, 0.1], draft=[0.01, 0.02, 0.04, 0.08], overhead=0.0
-    )
-    m = get_method("ersd")
-    profile = [[0.5, 0.1]] * 8
-    picks = {}
-    for longest in (None, 2000):
-        auto = AutoTree(profile=profile, costs=costs)
-        c = TreeChooser(auto, None, None, m, m, 1.0, None, horizon=5000, rules=rules)
-        picks[longest] = c.choose([1] * 20, 4, longest)
-        assert c.last is not None and c.last.best_tree_predicted is not None
-        assert c.last.best_tree_predicted > c.last.target_only  # drafting's rate is higher
-    assert picks[None] is not None and picks[2000] is None
 
 
 # --- a batch is done when its slowest row is ------------------------------------------------------

@@ -290,74 +290,26 @@ def test_prefill_steps_are_not_learned_and_auto_explores_after_a_run_of_plain_st
     assert 0.0 < c.explore_spent <= RULES.explore_budget * c.elapsed
 
 
-def test_auto_times_a_plain_step_too_and_an_untimed_kind_borrows_the_target_ratio() -> None:
-    """Exploration the other way: while drafting wins, the target-only side of the comparison
-    is the raw curve; after two drafting steps auto takes one plain step to time it (once), and
-    then one after every EXPLORE_PLAIN_AFTER drafting steps in a row. Until a kind of step is
-    timed, its target forward borrows the other kind's measured/predicted ratio."""
+def test_an_untimed_kind_of_step_borrows_the_other_kinds_target_ratio() -> None:
+    """While only drafting steps have been timed, the target-only side of the comparison
+    borrows their measured/predicted target ratio (one model, one machine: a curve measured in
+    other conditions is off for both alike); a timed plain step then speaks for itself."""
 
     c = chooser(AutoTree(profile=PROFILE, costs=FLAT))
-    c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
     plain_curve = c._plain_rate(FLAT, 4)
     for _ in range(2):
         shape = c.choose([1], batch=4)
         assert shape is not None
         target, draft = c._forward_parts(FLAT, shape, 4)
         c.observe_times(4, draft, 1.5 * target, 1.5 * target + draft)  # target 1.5x its curve
-    # the plain prediction borrows the drafting steps' target ratio
-    overhead = c.timing["spec"].overhead
     assert c.timing["plain"].steps == 0
     want = 4 / (1.5 * FLAT.target_cost(1, 4) + FLAT.overhead_plain * 4)
     assert c._plain_rate(FLAT, 4) == pytest.approx(want) and want < plain_curve
-    assert overhead is not None
-    assert c.choose([1], batch=4) is None  # the early plain step
-    assert c.last is not None and c.last.tree == "none" and c.last.best_tree is not None
+    c._chosen = (FLAT, None, 4)  # a plain step (as a row that did not draft would time it)
     plain = FLAT.target_cost(1, 4)
     c.observe_times(4, 0.0, plain, plain)  # timed: as its curve says
     assert c.timing["plain"].steps == 1 and c._target_ratio("plain") == pytest.approx(1.0)
-    decisions = [c.choose([1], batch=4) for _ in range(RULES.explore_plain_after)]
-    assert all(d is not None for d in decisions)  # drafting pays; no second early plain step
-    for d in decisions[-2:]:
-        assert d is not None
-    c._learned += 1  # (something was learned: the decision is made afresh)
-    assert c.choose([1], batch=4) is None  # after explore_plain_after drafting steps in a row
-    c._learned += 1
-    assert c.choose([1], batch=4) is not None
-
-
-#: drafting leads plain decoding by 16% at batch 1 under PROFILE (chain:2)
-CLOSE = CostModel(sizes=SIZES, target=[0.1, 0.16, 0.22, 0.34], draft=[0.01] * 4)
-
-
-@pytest.mark.parametrize("costs, lead, early", [(CLOSE, (1.1, 1.2), True), (FLAT, (2, 99), False)])
-def test_at_batch_1_the_early_plain_step_is_taken_only_while_the_lead_is_in_doubt(
-    costs: CostModel, lead: tuple[float, float], early: bool
-) -> None:
-    """A batch-1 run whose drafting leads plain decoding by less than EXPLORE_PLAIN_DOUBT
-    times a plain step after two drafting steps; one leading by far more drafts on (its lead
-    could not turn around), until EXPLORE_PLAIN_AFTER drafting steps in a row."""
-
-    c = chooser(AutoTree(profile=PROFILE, costs=costs))
-    c.elapsed = 100.0  # a run long enough for the exploration budget (fake clock)
-    decisions = []
-    for _ in range(RULES.explore_plain_after):
-        shape = c.choose([1], batch=1)
-        decisions.append(shape)
-        assert c.last is not None
-        if shape is not None:
-            target, draft = c._forward_parts(costs, shape, 1)
-            c.observe_times(1, draft, target, target + draft)  # as predicted
-        else:
-            c.observe_times(1, 0.0, costs.target_cost(1), costs.target_cost(1))
-        c._learned += 1  # decide afresh every step
-    ratio = c.last.predicted / c.last.target_only
-    assert lead[0] < ratio < lead[1] and (ratio < 1 + RULES.explore_plain_doubt) == early
-    if early:
-        assert decisions[:2] != [None, None] and decisions[2] is None
-        assert all(d is not None for d in decisions[3:])
-    else:
-        assert all(d is not None for d in decisions) and c.timing["plain"].steps == 0
-        assert c.choose([1], batch=1) is None  # the periodic one stays
+    assert c._plain_rate(FLAT, 4) == pytest.approx(plain_curve)
 
 
 def test_a_batch_step_is_costed_by_its_largest_tree_not_by_this_rows_choice() -> None:
@@ -574,38 +526,14 @@ def test_auto_drafts_deeper_in_an_easy_stretch_than_after_a_rejection() -> None:
     assert both_easy > one_hard
 
 
-def test_a_depth_the_run_stopped_drafting_goes_stale() -> None:
-    """The steps of the bf16 pair on an arithmetic prompt at T = 0 (chain outcomes as traced):
-    its first hard stretch rejected 4 of 8 depth-2 tokens; it then drafted chain:1, and 31 of
-    its 35 roots after a full acceptance were accepted.  Depth 2 estimated from its own early
-    observations stayed at 0.6, chain:1 stayed best, and depth 2 was never observed again (0.89
-    of chain:4).  Stale, those observations give way to the tokens after an accepted one
-    observed since, and the chooser drafts deeper; the store still gets every observation."""
-    steps = [(2, 2), (3, 3), (4, 4), (1, 6), (1, 3), (1, 2), (1, 1), (1, 1), (1, 1), (2, 2)]
-    steps += [(1, 2), (1, 1), (1, 1), (0, 1)] + [(1, 1)] * 6 + [(0, 1), (1, 1), (0, 1), (0, 1)]
-    steps += [(1, 1)] * 7 + [(0, 1)] + [(1, 1)] * 14
-    c = chooser(AutoTree(costs=THIRD), method="specinfer")
-    for accepted, depth in steps:
-        c.observe([], accepted, depth)
-    assert c.depth_probs()[1][0] > 0.8  # depth 2: right after an accepted token (0.63 if kept)
-    assert nodes(c.choose([1, 2])) >= 3  # chain:2 if kept (chain:1 under the traced costs)
-    assert c.online is not None and c.online.trials[1] == 8  # what the store gets: all of them
-    # a depth the run goes on drafting keeps its own estimate: depth 2 always rejected
-    p = OnlineProfile(ranked=False)
-    for _ in range(60):
-        p.observe_chain(1, 2, True)
-    assert p.depth_probs([True])[1][0] < 0.1
-
-
 def test_an_observation_below_a_full_acceptance_counts_at_its_depth() -> None:
     """``observe_beyond``: the bonus token one depth below a fully accepted path, at its depth
-    (a rank for ERSD, accepted or not for the other methods at temperature 0); no step, so
-    nothing goes stale.  Auto then drafts deeper in an easy stretch of short chains than it
-    does without those observations; a method whose acceptance is random at T > 0 learns
-    nothing from them."""
+    (a rank for ERSD, accepted or not for the other methods at temperature 0); not a step.
+    Auto then drafts deeper in an easy stretch of short chains than it does without those
+    observations; a method whose acceptance is random at T > 0 learns nothing from them."""
     ranked = OnlineProfile(ranked=True)
     for _ in range(50):
-        ranked.observe_ranks([1], True, depth=1)
+        ranked.observe_ranks([1], True)
         ranked.observe_beyond(2, 3)
     assert ranked.trials == [50, 50] and ranked.steps == 50 and ranked.counts[1][2] == 50
     assert ranked.depth_probs([True])[1][2] > 0.6  # depth 2: rank 3 (0.05 from the prior)

@@ -183,11 +183,7 @@ class TreeChooser:
         self._chosen: tuple[CostModel, TreeShape | None, int] | None = None
         self._epoch = self.curves.measurements
         self._plain_run = 0  # steps in a row without drafting
-        self._spec_run = 0  # steps in a row with drafting
-        self._plain_explored = False  # the early plain step was taken
         self._can_pay = True  # drafting can pay under the best plausible acceptance
-        self._verdict: tuple[int, int] | None = None  # (batch, steps left): "cannot pay" kept
-        self._start: int | None = None  # the context's length at the first step (horizon)
         self._ever_drafted = False  # the draft session has been fed (else it prefills lazily)
         self._catchup = 0  # tokens the draft must catch up on in the step just chosen
         self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
@@ -416,31 +412,18 @@ class TreeChooser:
     def _run_state(self, costs: CostModel, context: list[int], batch: int) -> RunState:
         """The run so far, as :func:`~ersd.auto.policy.decide` takes it.  The draft's catch-up
         is on the tokens it has not seen -- on the first drafting step its whole prompt (lazy
-        prefill); the tokens left are the :attr:`horizon` less the tokens generated since the
-        first step, per row; the run's time is the time so far or, with a horizon, the
-        predicted time of the whole run at plain decoding's rate if larger (so a run that
-        states its length can afford its first exploring step early)."""
+        prefill); the run's time is the time so far or, with a horizon, the predicted time of
+        the whole run at plain decoding's rate if larger (so a run that states its length can
+        afford its first exploring step early)."""
         catchup = self._unseen(context)
-        left = None
-        if self.horizon is not None:
-            done = len(context) - (self._start or len(context))
-            left = float(batch * max(max(self.horizon, 1) - done, 1))
+        draft = self.timing["spec"].draft_ratio * costs.draft_cost(catchup, batch)
         return RunState(
             batch=batch,
             plain_run=self._plain_run,
-            spec_run=self._spec_run,
-            plain_timed=self.timing["plain"].steps,
-            spec_timed=self.timing["spec"].steps,
-            plain_explored=self._plain_explored,
             ever_drafted=self._ever_drafted,
             explore_spent=self.explore_spent,
             run_seconds=max(self.elapsed, self._projected),
-            catchup_seconds=(
-                self.timing["spec"].draft_ratio * costs.draft_cost(catchup, batch)
-                if catchup > 1
-                else 0.0
-            ),
-            tokens_left=left,
+            catchup_seconds=draft if catchup > 1 else 0.0,
         )
 
     def choose(
@@ -455,14 +438,7 @@ class TreeChooser:
         longest row's context length, and ``rows``, each live row's ``(key, tokens it may
         still emit)`` -- the rates are then over the rest of the batch's run
         (:meth:`_finish_rates`), not one step's."""
-        if self._start is None:
-            self._start = len(context)
         self._longest = longest
-        verdict = self._verdict
-        if verdict is not None and verdict[0] == batch and verdict[1] > 0:
-            self._verdict = (batch, verdict[1] - 1)  # drafting cannot pay: not re-decided yet
-            return self._repeat(None, context, batch)
-        self._verdict = None
         explore = self._plain_run >= self.rules.explore_after and self._can_pay
         cached = self._decided  # kept while nothing was learned (unless it is time to explore)
         fresh = cached is not None and cached[0] == (batch, self._learned, rows is not None)
@@ -485,11 +461,8 @@ class TreeChooser:
             predicted, plain = self._finish_rates(costs, predicted, rows)
         d = decide(predicted, plain, self._run_state(costs, context, batch), self.rules)
         self._can_pay = d.can_pay
-        if d.recheck_after:  # a clear verdict, on plain steps timed in this run
-            self._verdict = (batch, d.recheck_after)
         if d.explore:
             self.explore_spent += d.lost
-            self._plain_explored = self._plain_explored or d.shape is None
         best = d.best
         drafts = d.shape is not None
         self.last = Choice(
@@ -524,7 +497,6 @@ class TreeChooser:
         if chosen is not None:
             self._ever_drafted = True
         self._plain_run = 0 if chosen is not None else self._plain_run + 1
-        self._spec_run = 0 if chosen is None else self._spec_run + 1
         return chosen
 
     def observe_times(
@@ -637,7 +609,7 @@ class TreeChooser:
             self._learned += 1
             self._profile_version += 1
             if self.ranked:
-                self.online.observe_ranks(ranks, state, depth)
+                self.online.observe_ranks(ranks, state)
             else:
                 self.online.observe_chain(accepted, depth, state)
         after = accepted >= depth if depth > 0 else None

@@ -37,13 +37,6 @@ class OnlineProfile:
     - depths below the root, and the depths below the deepest observed, are shrunk towards the
       observations made right after an accepted token (depths below the root and the roots in
       state ``True``), which are in turn shrunk towards all;
-    - **a depth goes stale** while the run drafts trees that do not reach it: its own
-      observations are multiplied by ``Rules.stale_decay`` at each such step, so its estimate
-      returns to the pool.  A depth estimated from a long-past stretch alone would otherwise
-      never be drafted, hence never observed, again: the bf16 pair on an arithmetic prompt at
-      T = 0 saw 4 of 8 depth-2 tokens rejected in its first hard stretch, then drafted
-      ``chain:1`` in 38 of its 48 steps (31 of its 35 roots after a full acceptance accepted)
-      at 0.89 of ``chain:4``.  The store keeps the raw counts;
     - **the depth below a fully accepted path is observed too** (:meth:`observe_beyond`): the
       rank of the bonus token in the draft's order there, which the next step's first draft
       forward gives at the cost of one more output row (:mod:`ersd.drafting.model`).
@@ -82,10 +75,6 @@ class OnlineProfile:
         self.prior = prior
         self.counts: list[np.ndarray] = []  # counts[d][r - 1], depth d + 1
         self.trials: list[int] = []  # observations at depth d + 1 (any rank)
-        #: the same, each depth's multiplied by ``stale_decay`` at every drafting step whose tree
-        #: did not reach it: what the estimate uses (the store keeps the raw counts)
-        self.live_counts: list[np.ndarray] = []
-        self.live_trials: list[float] = []
         self.steps = 0  # drafting steps observed
         #: root observations right after a step whose drafts were all accepted (state True);
         #: part of counts[0] / trials[0]
@@ -96,21 +85,9 @@ class OnlineProfile:
         while len(self.trials) <= depth:
             self.counts.append(np.zeros(MAX_RANK))
             self.trials.append(0)
-            self.live_counts.append(np.zeros(MAX_RANK))
-            self.live_trials.append(0.0)
         self.trials[depth] += 1
-        self.live_trials[depth] += 1.0
         if rank is not None and 1 <= rank <= MAX_RANK:
             self.counts[depth][rank - 1] += 1
-            self.live_counts[depth][rank - 1] += 1
-
-    def _age(self, depth: int | None) -> None:
-        """A drafting step whose tree was ``depth`` deep: the depths below it go stale."""
-        if depth is None or depth < 1:
-            return
-        for d in range(depth, len(self.live_trials)):
-            self.live_counts[d] *= self.rules.stale_decay
-            self.live_trials[d] *= self.rules.stale_decay
 
     def _add_root(self, state: bool | None, rank: int | None) -> None:
         if not state:
@@ -119,14 +96,10 @@ class OnlineProfile:
         if rank is not None and 1 <= rank <= MAX_RANK:
             self.full_counts[rank - 1] += 1
 
-    def observe_ranks(
-        self, ranks: list[int], state: bool | None = None, depth: int | None = None
-    ) -> None:
+    def observe_ranks(self, ranks: list[int], state: bool | None = None) -> None:
         """Root-down ranks of one step (``StepRecord.ranks``); ``state``: whether the step
-        before drafted and had all its drafts accepted (None: it did not draft, or unknown);
-        ``depth``: the drafted tree's depth (None: not known, nothing goes stale)."""
+        before drafted and had all its drafts accepted (None: it did not draft, or unknown)."""
         self.steps += 1
-        self._age(depth)
         for d, r in enumerate(ranks):
             self._add(d, int(r))
         if ranks:
@@ -136,7 +109,6 @@ class OnlineProfile:
         """A chain of ``depth`` drafted tokens of which ``accepted`` were accepted (``state``:
         as :meth:`observe_ranks`)."""
         self.steps += 1
-        self._age(depth)
         for d in range(min(accepted + 1, depth)):
             self._add(d, 1 if d < accepted else None)
         if depth > 0:
@@ -146,7 +118,7 @@ class OnlineProfile:
         """The bonus token one depth below a fully accepted path of ``depth - 1`` drafts, and its
         ``rank`` in the draft's order there (:attr:`ersd.drafting.Proposal.beyond`): what
         drafting ``depth`` would have observed, made right after accepted tokens like any depth
-        below the root.  Not a step: nothing goes stale."""
+        below the root.  Not a step."""
         if depth < 2:
             return
         if not self.ranked:  # an accepted or a rejected position
@@ -164,7 +136,7 @@ class OnlineProfile:
         root's estimate almost twice as far as the prior's weight says, and a step that then
         drafts nothing observes nothing more)."""
         w = self.rules.prior_weight
-        counts, trials = self.live_counts, self.live_trials
+        counts, trials = self.counts, self.trials
         total = sum(counts, np.zeros(MAX_RANK))
         n_all = sum(trials)
         if not trials:

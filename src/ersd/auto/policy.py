@@ -4,19 +4,15 @@ state to this step's tree and why.  No clock, no file, no model, no hidden state
 curves and the acceptance estimate, keeps the run's state, and applies the decision.
 
 The rules, in the order they are applied (constants in :class:`~ersd.auto.rules.Rules`; the
-table in ``docs/auto-tree.md`` says what each one earns):
+table in ``docs/auto-tree.md`` says what each one earns and which replay shows it):
 
 1. **best**: the candidate with the highest predicted rate -- or rather the smallest tree
    within ``smaller_tree_within`` of it -- is drafted if it beats plain decoding;
 2. **cannot pay**: never draft (nor explore) where even every drafted token accepted would not
-   beat plain decoding; a clear verdict is kept ``cannot_pay_recheck`` steps;
+   beat plain decoding;
 3. **batch start**: a batch starts its draft only on a gain of ``batch_start_margin``;
-4. **prefill pays off**: with a known horizon, the draft's catch-up must pay over the rest;
-5. **explore drafting**: after ``explore_after`` plain steps, draft the best tree once;
-6. **explore plain**: after ``explore_plain_after`` drafting steps, one plain step (and an early
-   one, ``early_plain``, if no plain step was timed);
-
-5 and 6 only within ``explore_budget`` of the run's time.
+4. **explore**: after ``explore_after`` plain steps in a row, draft the best tree once, if what
+   exploring is predicted to lose stays within ``explore_budget`` of the run's time.
 """
 
 from __future__ import annotations
@@ -49,15 +45,10 @@ class RunState:
 
     batch: int = 1
     plain_run: int = 0  # steps in a row without drafting
-    spec_run: int = 0  # steps in a row with drafting
-    plain_timed: int = 0  # plain steps of the run timed so far
-    spec_timed: int = 0  # drafting steps timed so far
-    plain_explored: bool = False  # the early plain step was taken
     ever_drafted: bool = False  # the draft session has been fed
     explore_spent: float = 0.0  # predicted seconds lost to exploration so far
     run_seconds: float = 0.0  # the run's time so far, or its projected time if larger
     catchup_seconds: float = 0.0  # the draft's catch-up if this step drafts (0: nothing to feed)
-    tokens_left: float | None = None  # tokens the batch may still emit (None: no horizon)
 
 
 @dataclass(frozen=True)
@@ -72,7 +63,6 @@ class Decision:
     can_pay: bool = True
     explore: bool = False
     lost: float = 0.0  # predicted seconds an exploration step loses
-    recheck_after: int = 0  # steps a clear "cannot pay" verdict is kept (0: re-decide next step)
 
 
 def smallest_near_best(
@@ -93,67 +83,32 @@ def decide(
 ) -> Decision:
     """This step's tree for predicted ``candidates`` against plain decoding's rate ``plain``
     (tokens/s over the batch) in the run's ``state``."""
-    b = state.batch
     best = smallest_near_best(candidates, plain, rules.smaller_tree_within)
+    b = state.batch
     ceiling = max((b * (1 + c.shape.depth) / c.seconds for c in candidates), default=-math.inf)
     can_pay = ceiling > plain or not rules.cannot_pay
-    verdict = (
-        not can_pay
-        and ceiling <= (1 - rules.cannot_pay_margin) * plain
-        and state.plain_timed >= rules.cannot_pay_timed
-    )
-    recheck = rules.cannot_pay_recheck - 1 if verdict else 0
 
     def out(draft: bool, why: str, explore: bool = False, lost: float = 0.0) -> Decision:
-        return Decision(
-            shape=best.shape if draft and best else None,
-            spec=best.spec if draft and best else "none",
-            why=why,
-            best=best,
-            plain=plain,
-            can_pay=can_pay,
-            explore=explore,
-            lost=max(lost, 0.0),
-            recheck_after=recheck,
-        )
-
-    def budget_allows(lost: float) -> bool:
-        return state.explore_spent + max(lost, 0.0) <= rules.explore_budget * state.run_seconds
+        chosen = best if draft else None
+        spec = chosen.spec if chosen else "none"
+        shape = chosen.shape if chosen else None
+        return Decision(shape, spec, why, best, plain, can_pay, explore, max(lost, 0.0))
 
     if best is None:
         return out(False, "no candidate")
     if not can_pay:
         return out(False, "cannot pay: full acceptance would not beat plain decoding")
-    why = "best predicted rate"
-    drafts = best.rate > plain
-    if not drafts:
+    if best.rate <= plain:
         why = "plain decoding predicted faster"
     elif b > 1 and not state.ever_drafted and best.rate < (1 + rules.batch_start_margin) * plain:
-        drafts, why = False, "batch start: gain under the margin"
-    elif (
-        rules.prefill_pays_off
-        and state.tokens_left is not None
-        and state.catchup_seconds + state.tokens_left / best.rate >= state.tokens_left / plain
-    ):
-        drafts, why = False, "the draft's catch-up does not pay over the rest of the run"
-    if not drafts and state.plain_run >= rules.explore_after:
+        why = "batch start: gain under the margin"
+    else:
+        return out(True, "best predicted rate")
+    if state.plain_run >= rules.explore_after:  # draft once, to measure drafting again
         lost = best.seconds + state.catchup_seconds - best.tokens / plain
-        if budget_allows(lost):
+        if state.explore_spent + max(lost, 0.0) <= rules.explore_budget * state.run_seconds:
             return out(True, "explore: re-measure drafting", explore=True, lost=lost)
-    elif drafts and (
-        state.spec_run >= rules.explore_plain_after
-        or (
-            rules.early_plain
-            and not state.plain_timed
-            and state.spec_timed >= 2
-            and not state.plain_explored
-            and (b > 1 or best.rate < (1 + rules.explore_plain_doubt) * plain)
-        )
-    ):
-        lost = b / plain - b / best.rate  # B tokens plain, not at the best rate
-        if budget_allows(lost):
-            return out(False, "explore: time a plain step", explore=True, lost=lost)
-    return out(drafts, why)
+    return out(False, why)
 
 
 __all__ = ["Candidate", "Decision", "RunState", "decide", "smallest_near_best"]

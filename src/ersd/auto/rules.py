@@ -1,7 +1,11 @@
 """The tuning of ``tree="auto"``, in one value: every rule's constant, and a switch for the rules
 that have none.  ``docs/auto-tree.md`` says per rule what goes wrong without it and which
-measurement set it; a chooser takes a :class:`Rules` (default :data:`RULES`), so a test or a
-replay changes one rule by passing ``replace(RULES, ...)``, never by patching a module."""
+measurement shows it; a chooser takes a :class:`Rules` (default :data:`RULES`), so a test or a
+replay changes one rule by passing ``replace(RULES, ...)``, never by patching a module.
+
+Removed on the replay of ``docs/results/auto-rules-2026-12-06/`` (their removal moved no cell
+beyond its noise): the "cannot pay" verdict kept 32 steps, the draft's prefill paying off over
+the request's length, the plain exploration steps, and the stale decay of undrafted depths."""
 
 from __future__ import annotations
 
@@ -24,8 +28,6 @@ class Rules:
     prior_rank_probs: tuple[float, ...] = (0.6, 0.1, 0.05, 0.03, 0.02)
     #: weight of the prior and of each pool an estimate is shrunk towards, in observations
     prior_weight: float = 4.0
-    #: a depth's observations are multiplied by this at each drafting step not reaching it
-    stale_decay: float = 0.9
     #: the root after a full acceptance is estimated from the roots seen in that state
     markov_root: bool = True
     #: the bonus token below a fully accepted path counts as an observation of that depth
@@ -40,25 +42,12 @@ class Rules:
     smaller_tree_within: float = 0.03
     #: never draft where even full acceptance would not beat plain decoding (the ceiling)
     cannot_pay: bool = True
-    #: a clear "cannot pay" (ceiling below 1 - margin of plain) is kept for ``recheck`` steps
-    cannot_pay_margin: float = 0.05
-    cannot_pay_recheck: int = 32
-    #: ... once this many plain steps of the run were timed
-    cannot_pay_timed: int = 4
     #: a batch starts its draft only if drafting beats plain decoding by this share
     batch_start_margin: float = 0.10
-    #: with a horizon, the draft's catch-up (its lazy prefill) must pay over the rest of the run
-    prefill_pays_off: bool = True
     #: after this many plain steps in a row, draft the best tree once (exploration)
     explore_after: int = 16
     #: exploration may lose at most this share of the run's (projected) time
     explore_budget: float = 0.02
-    #: after this many drafting steps in a row, one plain step
-    explore_plain_after: int = 64
-    #: one early plain step after two drafting steps if no plain step was timed yet
-    early_plain: bool = True
-    #: ... at batch 1 only while drafting's predicted lead is under this share
-    explore_plain_doubt: float = 0.2
     # --- a batch's rows (chooser.TreeChooser.finish_rates) -------------------------------------
     #: rows' own acceptance and the spread of rows decide a batch's finish time
     row_factors: bool = True

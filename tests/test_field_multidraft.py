@@ -241,6 +241,9 @@ def test_summary_pairs_by_prompt_and_writes_the_report(tmp_path):
     drop = next(r for r in recs if r.get("method") == "gls" and r["drafts"] == 2)
     s2 = summarise([r for r in recs if r is not drop])
     assert drop["prompt"] in s2["partial_prompts_left_out"]
+    # ... also when the missing cell is the last of the plan (no record of it anywhere)
+    last = [r for r in recs if not (r.get("method") == "gls" and r["drafts"] == 2)]
+    assert len(summarise(last)["prompts"]) == 0
     assert all(c["n"] == 3 for row in s2["block_efficiency"].values() for c in row.values())
     # the per-node prediction of chain:4 from SD's exact acceptance a: 1 + a + a² + a³ + a⁴
     ex = [r for r in recs if r["kind"] == "exact"]

@@ -671,12 +671,22 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         trees[(r["method"], r["drafts"])] = r["tree"]
         if r["method"] == "ersd" and r.get("ranks"):
             ranks.extend(r["ranks"])
-    # only prompts that have every cell (a stopped run's last prompt may be partial)
-    complete = set.intersection(*(set(d) for d in per.values())) if per else set()
+    # only prompts that have every planned cell (a stopped run's last prompt may be partial)
+    expected = {
+        (m, b)
+        for b in cfg.get("drafts", [])
+        for m in cfg.get("methods", [])
+        if method_shape(m, b, length) is not None
+    }
+    if "ersd" in cfg.get("methods", []) and any(r.get("kind") == "profile" for r in records):
+        expected |= {(ERSD_TREE, b) for b in cfg.get("drafts", [])}
+    expected |= set(per)
+    complete = set.intersection(*(set(per.get(key, {})) for key in expected)) if expected else set()
     partial = sorted({pid for d in per.values() for pid in d} - complete)
     be: dict[tuple[str, int], dict[str, float]] = {
         key: {pid: float(np.mean(v)) for pid, v in d.items() if pid in complete}
         for key, d in per.items()
+        if set(d) & complete
     }
     drafts = sorted({b for _m, b in be})
     methods = sorted({m for m, _b in be}, key=_order)

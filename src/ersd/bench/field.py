@@ -275,7 +275,7 @@ def _bundled(cat: Category, split: str, count: int) -> list[Prompt]:
 
 def _datasets(cat: Category, split: str, count: int) -> list[Prompt]:
     try:
-        import datasets  # type: ignore[import-not-found]
+        import datasets
     except ImportError:
         raise BenchConfigError(
             f"category {cat.name!r} reads {cat.source!r} with Hugging Face `datasets`, which is "
@@ -701,7 +701,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not others:
             continue
         best = max(others, key=lambda m: float(np.mean(list(be[(m, b)].values()))))
-        row = {"best_other": best}
+        row: dict[str, Any] = {"best_other": best}
         for mine in ("ersd", ERSD_TREE):
             if (mine, b) not in be:
                 continue

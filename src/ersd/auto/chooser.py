@@ -67,7 +67,7 @@ class Choice:
     #: (``batch · E[tokens per call]``) and seconds of the step (``predicted`` is their ratio)
     predicted_tokens: float = 0.0
     predicted_seconds: float = 0.0
-    #: an exploration step (drafting predicted not to pay, or a plain step while drafting pays)
+    #: an exploration step (drafting although it is predicted not to pay, to re-measure it)
     explore: bool = False
     #: seconds this decision spent measuring cost curves (0: read from memory or the store)
     measure_seconds: float = 0.0

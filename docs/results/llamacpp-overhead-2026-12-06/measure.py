@@ -1,0 +1,111 @@
+"""ersd's llama.cpp backend vs plain llama-cpp-python on the same GGUF, one process, interleaved.
+
+Per prompt and round, in rotating order: ``plain`` (llama-cpp-python's ``Llama.create_completion``,
+its own sampler, every truncation off, T = 1), ``ersd-none`` (ersd target-only, exact policy),
+``ersd-auto`` (ERSD ``tree="auto"`` with a fast-policy draft of the same GGUF) and, for the split,
+``ersd-none-fast`` (target-only, fast policy).  Tokens/s of each run; per prompt the ratio of
+each ersd config to ``plain`` in the same round; summary: median of ratios with a bootstrap 95%
+interval (2000 resamples of prompts, fixed seed).
+
+    OMP_NUM_THREADS=1 python docs/results/llamacpp-overhead-2026-12-06/measure.py --prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+import ersd
+from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.models.llamacpp import llama_lib, resolve_gguf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--configs", default="plain,ersd-none,ersd-auto,ersd-none-fast")
+    args = ap.parse_args()
+    path = str(resolve_gguf(args.model))
+    lib = llama_lib()
+    llm = lib.Llama(
+        path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+    )
+    exact = ersd.load_model(path, backend="llamacpp", threads=args.threads, context=1024)
+    fast = ersd.load_model(
+        path, backend="llamacpp", threads=args.threads, context=1024, exact=False
+    )
+    sets = ["humaneval", "mtbench", "math"]
+    per = -(-args.prompts // len(sets))
+    prompts = [p for s in sets for p in load_prompts([s], "eval", per)][: args.prompts]
+    ids_all = [encode_prompt(exact.tokenizer, p, "auto", 256) for p in prompts]
+    configs = args.configs.split(",")
+    n = args.tokens
+
+    def run(cfg: str, ids: list[int], seed: int) -> tuple[float, list[int]]:
+        t0 = time.perf_counter()
+        if cfg == "plain":
+            llm.reset()
+            out = llm.create_completion(
+                ids, max_tokens=n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed
+            )
+            k = int(out["usage"]["completion_tokens"])
+            return k / (time.perf_counter() - t0), []
+        model = fast if cfg.endswith("-fast") else exact
+        draft = fast if "auto" in cfg else None
+        res = ersd.generate(
+            model,
+            draft,
+            ids,
+            max_new_tokens=n,
+            tree="auto" if draft is not None else "chain:1",
+            temperature=1.0,
+            seed=seed,
+        )
+        return len(res.tokens) / (time.perf_counter() - t0), res.tokens
+
+    for cfg in configs:  # warm-up
+        run(cfg, ids_all[0][:16], 0)
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for i, ids in enumerate(ids_all):
+            order = configs[(i + r) % len(configs) :] + configs[: (i + r) % len(configs)]
+            rec: dict[str, Any] = {"prompt": i, "round": r}
+            toks = {}
+            for cfg in order:
+                rec[cfg], toks[cfg] = run(cfg, ids, 1000 + i)
+            if "ersd-none" in toks and "ersd-auto" in toks:
+                rec["auto_identical"] = toks["ersd-none"] == toks["ersd-auto"]
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+    rng = random.Random(0)
+    summary: dict[str, Any] = {"threads": args.threads, "tokens": n, "runs": len(rows)}
+    for cfg in configs:
+        if cfg == "plain":
+            continue
+        ratios = [row[cfg] / row["plain"] for row in rows]
+        boots = sorted(
+            statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000)
+        )
+        summary[cfg] = {
+            "median_ratio": round(statistics.median(ratios), 3),
+            "ci95": [round(boots[50], 3), round(boots[1949], 3)],
+            "median_tps": round(statistics.median(row[cfg] for row in rows), 1),
+        }
+    summary["plain_median_tps"] = round(statistics.median(row["plain"] for row in rows), 1)
+    if any("auto_identical" in row for row in rows):
+        summary["auto_identical"] = sum(bool(row.get("auto_identical")) for row in rows)
+    print(json.dumps(summary))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -246,12 +246,15 @@ def test_generate_says_before_the_run_whether_identity_holds(
 
     monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
     args = ["generate", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--dtype", dtype]
-    args += ["--tree", "chain:3", "--max-new-tokens", "16", "--seed", "5", "--json", "Hi there"]
+    args += ["--tree", "chain:3", "--max-new-tokens", "16", "--seed", "5", "--compare"]
+    args += ["--json", "Hi there"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "[identity: " in res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["identity"]["dtype"] == dtype
+    if not out["identical_to_target_only"]:  # a difference needs a race within reach of a flip
+        assert out["margins"]["flip_possible"], out["margins"]
     if dtype == "bfloat16":
         assert "WARNING" in res.stderr and out["margins"]["threshold"] > 0.1
         assert isinstance(out["margins"]["flip_possible"], bool)
@@ -273,11 +276,16 @@ def test_generate_says_before_the_run_whether_identity_holds(
                 "--config",
                 "auto",
                 "--max-new-tokens",
-                "4",
+                "12",
+                "--compare",
                 "--json",
                 "Hi",
             ],
         )
         assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        # the chosen configuration keeps the identity: its text is target-only sampling's
+        assert out["identical_to_target_only"] or out["margins"]["flip_possible"]
+        assert out["identity"]["max_abs_diff"] <= 1e-3
         assert "config auto: target float32, draft int8" in res.stderr
         assert "bfloat16 <- bfloat16 left out: its tree rows differ" in res.stderr

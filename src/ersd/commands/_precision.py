@@ -10,8 +10,15 @@ from typing import Any
 
 import click
 
-#: the probe text of the identity check (short: a prefill and ~9 forwards of a few tokens)
-PROBE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+#: the probe text of the identity check: ~100 tokens, so that the first call (prompt and tree
+#: together) is as wide as real ones (llama.cpp's attention changes kernel from 64 tokens a call)
+PROBE = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number, computed iteratively."""\n'
+    "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
+    "def is_palindrome(text):\n    cleaned = [c.lower() for c in text if c.isalnum()]\n"
+    "    return cleaned == cleaned[::-1]\n\n\nclass Stack:\n    def __init__(self):\n"
+    "        self.items = []\n\n    def push(self, item):\n        self.items.append(item)\n"
+)
 
 
 def apply_config_auto(models: Any, tree: str, temperature: float, log: Any) -> tuple[Any, str]:

@@ -8,10 +8,12 @@ bit-identical rows; a bfloat16 GEMM whose blocking depends on the number of rows
 bf16 brgemm) rounds a row differently in a wide call than alone, so a near tie can flip.
 
 * :func:`check_tree_identity` measures it on a loaded model, before a run: a small tree (a chain
-  of 3 and two siblings of its root, after a pending token) scored in one call, against the same
-  nodes decoded one token at a time as target-only decoding does.  ``identical`` is exact
-  equality of every row; ``max_abs_diff`` is the largest logit difference (the numeric error
-  between the two paths on this prompt: a measurement on one prompt, not a bound for all).
+  of 3 and two siblings of its root, after a pending token) scored in one call -- once after the
+  prompt's prefill, once decoded together with the whole prompt (ERSD's first target call) --
+  against the same nodes decoded one token at a time as target-only decoding does.
+  ``identical`` is exact equality of every row; ``max_abs_diff`` is the largest logit
+  difference (the numeric error between the two paths on this prompt: a measurement on one
+  prompt, not a bound for all).
 * :class:`IdentityRecords` keeps those results per model and environment next to the cost store
   (``<store dir>/identity.json``), so the configuration choice (:mod:`ersd.models.config_choice`)
   knows which configurations were seen to keep the identity without loading them.
@@ -97,7 +99,9 @@ def check_tree_identity(
     target-only decoding feeds them), on fresh sessions of ``prompt``; compare every row.
 
     ``tokens``: the pending token and the 5 tree nodes (6 ids; default: taken from the prompt).
-    Costs one prefill and one tree forward plus 8 one-token forwards."""
+    Costs two tree forwards (one with the prompt) and three prefills plus 8 one-token
+    forwards; use a prompt like the real ones (llama.cpp's attention takes another kernel from
+    64 tokens in one call)."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("check_tree_identity needs a non-empty prompt")
@@ -116,9 +120,12 @@ def check_tree_identity(
         return session
 
     with torch.no_grad():
-        session = fresh()
-        tree = session.score(nodes, list(CHECK_PARENTS)).float()
-        _close(session)
+        # a steady-state call (the pending token and the tree) and a first call (the whole
+        # prompt decoded together with the tree, as ERSD's first target call does)
+        trees = []
+        for session in (fresh(), model.start([*prompt, pending])):
+            trees.append(session.score(nodes, list(CHECK_PARENTS)).float())
+            _close(session)
         # one-token rows: each root-to-leaf path decoded token by token
         ref: dict[int, torch.Tensor] = {}
         leaves = [i for i in range(n) if i not in CHECK_PARENTS]
@@ -133,12 +140,14 @@ def check_tree_identity(
                 session.commit([nodes[node]], [])
                 ref[node] = session.score([], [])[0].float()
             _close(session)
-    diffs = [(tree[0] - ref[-1]).abs().max()]
-    diffs += [(tree[1 + i] - ref[i]).abs().max() for i in range(n)]
+    diffs = []
+    for tree in trees:
+        diffs.append((tree[0] - ref[-1]).abs().max())
+        diffs += [(tree[1 + i] - ref[i]).abs().max() for i in range(n)]
     worst = float(torch.stack(diffs).max())
     if not math.isfinite(worst):
         worst = math.inf
-    return IdentityCheck(worst == 0.0, worst, n + 1, _dtype_of(model))
+    return IdentityCheck(worst == 0.0, worst, len(diffs), _dtype_of(model))
 
 
 # --- records ----------------------------------------------------------------------------------

@@ -29,13 +29,8 @@ TEXT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonac
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_identity_check_tells_the_batch_policies_apart(exact: bool) -> None:
-    m = (
-        ersd.load_model(
-            "smollm2-135m", backend="llamacpp", threads=1, context=512, exact=exact, repack=False
-        )
-        if not exact
-        else ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=512)
-    )
+    fast = {} if exact else {"exact": False, "repack": False}
+    m = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=512, **fast)
     prompt = (m.tokenizer.encode(TEXT) * 10)[:100]
     check = check_tree_identity(m, prompt)
     if exact:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli_errors import PAIR, assert_clean_error, run_ersd
+from tests.test_cli_errors import PAIR, Run, assert_clean_error, run_ersd
 
 PROMPT = "Write a short note about lighthouses."
 SEED = 3
@@ -28,7 +28,7 @@ def test_keygen_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     assert_clean_error(r, "cannot create the key file", json_mode=False)
 
 
-def _detect(key: Path, *args: str) -> object:
+def _detect(key: Path, *args: str) -> Run:
     return run_ersd(
         "watermark", "detect", "--key-file", str(key), "--tokenizer", "smollm2-135m", *args
     )
@@ -38,7 +38,7 @@ def test_detect_stops_at_once_on_an_endless_input(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     r = _detect(_key(tmp_path), "/dev/zero")
     assert time.perf_counter() - t0 < 60
-    assert_clean_error(r, "larger than", json_mode=False)  # type: ignore[arg-type]
+    assert_clean_error(r, "larger than", json_mode=False)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_detect_ids_errors_are_one_line(tmp_path: Path, body: str, fragment: str
     ids = tmp_path / "ids.json"
     ids.write_text(body)
     r = _detect(_key(tmp_path), "--ids", str(ids))
-    assert_clean_error(r, fragment, json_mode=False)  # type: ignore[arg-type]
+    assert_clean_error(r, fragment, json_mode=False)
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_detect_key_errors_are_one_line(tmp_path: Path, fields: dict, fragment: 
     text = tmp_path / "t.txt"
     text.write_text("hello " * 30)
     r = _detect(_key(tmp_path, **fields), str(text))
-    assert_clean_error(r, fragment, json_mode=False)  # type: ignore[arg-type]
+    assert_clean_error(r, fragment, json_mode=False)
 
 
 def test_a_json_key_file_with_a_huge_integer_is_one_line(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_a_json_key_file_with_a_huge_integer_is_one_line(tmp_path: Path) -> None
     text = tmp_path / "t.txt"
     text.write_text("hello " * 30)
     r = _detect(key, str(text))
-    assert_clean_error(r, "unreadable JSON value", json_mode=False)  # type: ignore[arg-type]
+    assert_clean_error(r, "unreadable JSON value", json_mode=False)
 
 
 # --- with the model ------------------------------------------------------------------------
@@ -122,8 +122,10 @@ def test_audit_ids_from_generate_json_and_detect_with_the_prompt(
     common = ["audit", "--target", "smollm2-135m", "--prompt", PROMPT, "--seed", str(SEED)]
     r = run_ersd(*common, "--watermark-key-file", str(key), "--ids", str(gen), "--json")
     rep = json.loads(r.stdout.strip().splitlines()[-1])
-    assert r.rc == 0 and rep["status"] == "verified" and rep["tokens"] == len(out["tokens"])  # type: ignore[arg-type]
-    tokens = list(out["tokens"])  # type: ignore[call-overload]
+    tokens = out["tokens"]
+    assert isinstance(tokens, list)
+    assert r.rc == 0 and rep["status"] == "verified" and rep["tokens"] == len(tokens)
+    tokens = list(tokens)
     tokens[10] = (tokens[10] + 1) % 49152
     gen.write_text(json.dumps(tokens))
     r = run_ersd(*common, "--watermark-key-file", str(key), "--ids", str(gen), "--json")
@@ -137,9 +139,9 @@ def test_audit_ids_from_generate_json_and_detect_with_the_prompt(
     text = tmp_path / "t.txt"
     text.write_text(str(out["text"]))
     r = _detect(key, "--json", str(text))
-    blind = json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[attr-defined]
+    blind = json.loads(r.stdout.strip().splitlines()[-1])
     r = _detect(key, "--json", "--prompt", PROMPT, str(text))
-    full = json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[attr-defined]
+    full = json.loads(r.stdout.strip().splitlines()[-1])
     assert blind["skipped_opening"] == 4 and full["skipped_opening"] == 0
     assert full["p_value"] <= blind["p_value"] < 1e-3
 

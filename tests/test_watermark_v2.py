@@ -234,7 +234,7 @@ class _PieceTokenizer:
     """Pieces "a", "b", "ab", "c": the greedy longest-match encoder merges "a" + "b" into "ab",
     so a text generated as the ids of "a", "b" re-tokenizes to the id of "ab"."""
 
-    pieces = ("a", "b", "ab", "c")
+    pieces: tuple[str, ...] = ("a", "b", "ab", "c")
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         out, i = [], 0
@@ -283,7 +283,7 @@ def test_audit_of_a_text_that_re_tokenizes_otherwise_is_not_a_forgery(
 class _SpecialTokenizer(_PieceTokenizer):
     """Piece 4 is a special token: decoding skips it, so the text does not show it."""
 
-    pieces = ("a", "b", "ab", "c", "<s>")
+    pieces: tuple[str, ...] = ("a", "b", "ab", "c", "<s>")
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == 4))
@@ -328,7 +328,7 @@ def test_audit_refuses_bad_types_with_clear_errors() -> None:
         ({"temperature": "hot"}, "temperature"),
     ):
         with pytest.raises(ErsdError, match=word):
-            audit(BIG, [1], toks, **kw)  # type: ignore[arg-type]
+            audit(BIG, [1], toks, **kw)
     with pytest.raises(ErsdError, match="text"):
         audit(BIG, [1], "hello")  # type: ignore[arg-type]
     with pytest.raises(ErsdError, match="text"):

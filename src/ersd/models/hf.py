@@ -216,7 +216,7 @@ class HFModel:
 
         return score_batch(self, sessions, calls)
 
-    def forward_slots(self, rows: Sequence[Any]) -> list[torch.Tensor]:
+    def forward_slots(self, rows: list[tuple[int, HFSession, Any]]) -> list[torch.Tensor]:
         """Scores ``(index, session, mask plan)`` rows held in slots of the batched storage in
         one forward (:func:`ersd.models.hf_batch.forward_slots`); a slot-held session scores
         itself alone through it."""

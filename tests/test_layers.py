@@ -7,11 +7,13 @@ is only for type checking (``if TYPE_CHECKING:``). The floors, from the ground u
 ========  ==================================================================================
 floor     modules
 ========  ==================================================================================
-ground    errors, validation, race, race_torch, probs, tree, results
+ground    errors, validation, race, race_torch, race_v2, probs, tree, results
 blocks    methods, verify_batch, models, watermark (its keyed race, PRFs, detector, settings)
 planning  theory, tree_spec, drafting, costs
 request   request, auto, cost_store
-loop      generation, watermark.audit (replays a transcript through a ``Request``)
+loop      generation, watermark.audit (replays a transcript through a ``Request``), precision
+          (tree rows against one-token rows, race margins), config_choice (the configuration by
+          measurement)
 batch     batch
 api       the ``ersd`` package itself (lazy re-exports of the names above)
 edges     serve, integrations (and ``ersd.transformers``, their alias), bench
@@ -43,6 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ersd.validation",
             "ersd.race",
             "ersd.race_torch",
+            "ersd.race_v2",
             "ersd.probs",
             "ersd.tree",
             "ersd.results",
@@ -51,7 +54,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("blocks", ("ersd.methods", "ersd.verify_batch", "ersd.models", "ersd.watermark")),
     ("planning", ("ersd.theory", "ersd.tree_spec", "ersd.drafting", "ersd.costs")),
     ("request", ("ersd.request", "ersd.auto", "ersd.cost_store")),
-    ("loop", ("ersd.generation", "ersd.watermark.audit")),
+    ("loop", ("ersd.generation", "ersd.watermark.audit", "ersd.precision", "ersd.config_choice")),
     ("batch", ("ersd.batch",)),
     ("api", ("ersd",)),
     ("edges", ("ersd.serve", "ersd.integrations", "ersd.transformers", "ersd.bench")),
@@ -64,7 +67,9 @@ def floor_of(module: str) -> str:
     best, best_len = None, -1
     for name, prefixes in FLOORS:
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+            # the package itself ("ersd") holds only its own __init__, not every module below it
+            inside = prefix != "ersd" and module.startswith(prefix + ".")
+            if (module == prefix or inside) and len(prefix) > best_len:
                 best, best_len = name, len(prefix)
     if best is None:
         raise AssertionError(f"{module} is on no floor: add it to FLOORS in {__file__}")

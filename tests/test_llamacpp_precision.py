@@ -13,7 +13,7 @@ import os
 import pytest
 
 import ersd
-from ersd.models.precision import check_tree_identity
+from ersd.precision import check_tree_identity
 
 if importlib.util.find_spec("llama_cpp") is None and not os.environ.get("ERSD_REQUIRE_LLAMACPP"):
     pytest.skip(

@@ -17,8 +17,8 @@ import torch
 
 from ersd.cost_store import CostStore, model_key
 from ersd.costs import DEFAULT_SIZES
-from ersd.models.config_choice import Described, choose_config, describe_as
-from ersd.models.precision import IdentityCheck, IdentityRecords, check_tree_identity
+from ersd.config_choice import Described, choose_config, describe_as
+from ersd.precision import IdentityCheck, IdentityRecords, check_tree_identity
 
 ENV = {"cpu": "fake", "torch_threads": 1}
 
@@ -202,7 +202,7 @@ def test_margin_report_on_bf16_and_float32(smollm_prompt: list[int]) -> None:
     measured numeric error.  In bfloat16 (error ~0.5) a 48-token text at T = 1 has near ties
     within reach; with a zero error no flip is possible whatever the margins."""
     import ersd
-    from ersd.models.precision import race_margins
+    from ersd.precision import race_margins
 
     model = ersd.load_model("smollm2-135m", dtype="bfloat16")
     check = check_tree_identity(model, smollm_prompt)

@@ -29,22 +29,17 @@ from scipy import stats
 
 import ersd
 from ersd.errors import GenerationInputError
-from ersd.race import (
+from ersd.race import RaceNoise, extend_key, race_rank, race_ranking, race_winner, root_key
+from ersd.race_torch import race_exponentials_torch, v2_exponentials_torch
+from ersd.race_v2 import (
     V2_BLOCK,
-    RaceNoise,
     _exp_of_words,
-    extend_key,
-    race_rank,
-    race_ranking,
-    race_winner,
-    root_key,
     unit_log,
     v2_block_minima,
     v2_exponentials,
     v2_seed,
     v2_words,
 )
-from ersd.race_torch import race_exponentials_torch, v2_exponentials_torch
 from tests.exactness_util import make_drafts, make_target
 
 ALPHA = 1e-3
@@ -401,7 +396,7 @@ def test_batch_under_v2_equals_rows_alone() -> None:
 
 def test_scalar_exponential_has_the_array_bits() -> None:
     """The one-token path (Python floats, used for a rank's score) equals the array path."""
-    from ersd.race import _unit_log_scalar, _v2_exponential_at
+    from ersd.race_v2 import _unit_log_scalar, _v2_exponential_at
 
     rng = np.random.default_rng(8)
     u = np.concatenate([rng.random(3000), np.exp(-rng.random(300) * 36), [1.0, 2.0**-53]])

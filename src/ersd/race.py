@@ -32,16 +32,33 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
-_MASK64 = (1 << 64) - 1
-_TINY = float(np.finfo(np.float64).tiny)
+from ersd.race_v2 import (  # noqa: F401 -- the v2 names stay importable from ersd.race
+    _MASK64,
+    _TINY,
+    DEFAULT_RACE_SCHEME,
+    RACE_SCHEMES,
+    V2_BLOCK,
+    Minima,
+    V2Race,
+    _mix64,
+    check_race_scheme,
+    unit_log,
+    v2_block_minima,
+    v2_exponentials,
+    v2_exponentials_at,
+    v2_race_rank,
+    v2_race_ranking,
+    v2_race_winner,
+    v2_seed,
+    v2_uniforms,
+    v2_words,
+)
 
 #: Stream of the shared race (ERSD drafting and verification, bonus tokens, target-only sampling).
 STREAM_RACE = 0
@@ -55,32 +72,6 @@ STREAM_RESIDUAL = 3 << 20
 #: (keyed by the watermark's derived keys, :mod:`ersd.watermark.keyed`; unkeyed otherwise).
 STREAM_KEY_A = 4 << 20
 STREAM_KEY_B = 5 << 20
-
-
-#: The race schemes: how a (key, stream) becomes the race's exponentials.  ``"v1"`` (the default)
-#: is NumPy's Philox feeding its ziggurat over the whole vocabulary; ``"v2"`` is the blocked
-#: splitmix64 race (:func:`v2_exponentials`), whose winner is found by evaluating only the blocks
-#: of tokens that can win.  A text reproduces only under the scheme it was made with.
-RACE_SCHEMES = ("v1", "v2")
-DEFAULT_RACE_SCHEME = "v1"
-
-
-def check_race_scheme(scheme: object) -> str:
-    """``scheme`` if it names a race scheme, else a one-line :class:`ValueError` naming them."""
-    if not isinstance(scheme, str) or scheme not in RACE_SCHEMES:
-        raise ValueError(
-            f"race_scheme must be one of {', '.join(map(repr, RACE_SCHEMES))} (v1: the default "
-            f"NumPy Philox race; v2: the faster blocked race), got {scheme!r}"
-        )
-    return scheme
-
-
-def _mix64(x: int) -> int:
-    """The splitmix64 finaliser: a bijective avalanche mix of a 64-bit integer."""
-    x &= _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def root_key(seed: int, prompt: Iterable[int]) -> int:
@@ -111,272 +102,6 @@ def extend_key_many(key: int, tokens: Iterable[int]) -> int:
     for token in tokens:
         key = extend_key(key, token)
     return key
-
-
-# --- race scheme "v2": the blocked splitmix64 race --------------------------------------------
-#
-# The vocabulary is cut into blocks of V2_BLOCK = 64 token ids (the last block is padded with ids
-# past the vocabulary, whose noise is never used).  For block b, splitmix64 of the race's block
-# seed gives one word: its top 53 bits a uniform U_b, its low 6 bits a position a_b; the block's
-# minimum is M_b = -log(U_b) / 64 and token 64 b + a_b holds it.  Every other token j of the block
-# gets E_j = M_b + (-log U_j), U_j from splitmix64 of the race's token seed at j.  This is the law
-# of 64 i.i.d. Exp(1) (the minimum of n is Exp(n), sits at a uniform place independent of its
-# value, and by memorylessness the others are the minimum plus i.i.d. Exp(1)), and it gives a
-# bound without drawing a block: every token of block b scores E_j / p_j >= M_b / max_b p.  The
-# race winner then needs only the blocks whose bound is at most the best score found
-# (:func:`v2_race_winner`); the full row (:func:`v2_exponentials`) is the reference it equals.
-#
-# Logarithms are :func:`unit_log` (frexp, +, *, / only, each correctly rounded in IEEE
-# arithmetic), so NumPy and torch on any device compute the same bits
-# (:func:`ersd.race_torch.v2_exponentials_torch`), element by element, wherever an element sits.
-
-V2_BLOCK = 64
-_V2_SALT = 0x52414345_56320000  # "RACEV2"
-_TAG_TOKEN, _TAG_BLOCK, _TAG_UNIFORM = 0, 1, 2
-_SQRT_HALF = 0.7071067811865476
-_LN2_HI = 6.93147180369123816490e-01  # fdlibm's split of log(2): e * _LN2_HI is exact
-_LN2_LO = 1.90821492927058770002e-10
-#: 2 / (2n + 1): log(m) = z * sum_n (2 / (2n + 1)) w^n, z = (m - 1) / (m + 1), w = z^2
-_LOG_COEFFS = tuple(2.0 / (2 * n + 1) for n in range(11))
-_U53 = 1.0 / 9007199254740992.0  # 2^-53
-#: a v2 race's per-block minima and their places in the blocks (:func:`v2_block_minima`)
-Minima = tuple[np.ndarray, np.ndarray]
-
-
-def v2_seed(key: int, stream: int, tag: int) -> int:
-    """The splitmix64 state of a v2 race's tokens, blocks or plain uniforms at (key, stream)."""
-    base = _mix64((int(key) & _MASK64) ^ _V2_SALT)
-    return _mix64(base ^ _mix64(((int(stream) & _MASK64) << 2) | tag))
-
-
-def v2_words(seed: int, index: np.ndarray) -> np.ndarray:
-    """splitmix64's outputs number ``index + 1`` from state ``seed`` (uint64 array)."""
-    x = (index.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-    x += np.uint64(seed)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-def unit_log(u: Any, xp: Any = np) -> Any:
-    """``log(u)`` for ``u`` in (0, 1] (float64), from operations IEEE rounds exactly: the same bits
-    in NumPy (``xp=np``) and torch (``xp=torch``) on any device, for any array layout.  Error
-    within a few ulps (checked against ``math.log`` in the tests)."""
-    m, e = xp.frexp(u)  # u = m 2^e, m in [1/2, 1)
-    low = m < _SQRT_HALF
-    m = xp.where(low, m * 2.0, m)  # m in [sqrt(1/2), sqrt(2))
-    ef = e.astype(np.float64) if xp is np else e.to(u.dtype)
-    ef = ef - low.astype(np.float64) if xp is np else ef - low.to(u.dtype)
-    z = (m - 1.0) / (m + 1.0)  # m - 1 is exact (Sterbenz)
-    w = z * z
-    s = w * _LOG_COEFFS[10] + _LOG_COEFFS[9]
-    for c in reversed(_LOG_COEFFS[:9]):
-        s = s * w + c
-    return ef * _LN2_HI + (z * s + ef * _LN2_LO)
-
-
-def _unit_log_scalar(u: float) -> float:
-    """:func:`unit_log` of one Python float, the same operations in the same order (Python's
-    float arithmetic is IEEE double, each operation correctly rounded): the same bits."""
-    m, e = math.frexp(u)
-    ef = float(e)
-    if m < _SQRT_HALF:
-        m, ef = m * 2.0, ef - 1.0
-    z = (m - 1.0) / (m + 1.0)
-    w = z * z
-    s = w * _LOG_COEFFS[10] + _LOG_COEFFS[9]
-    for c in reversed(_LOG_COEFFS[:9]):
-        s = s * w + c
-    return ef * _LN2_HI + (z * s + ef * _LN2_LO)
-
-
-def _v2_exponential_at(key: int, stream: int, token: int, minima: Minima) -> float:
-    """v2's ``E`` of one token (:func:`v2_exponentials_at`'s bits, in Python scalars)."""
-    m, a = minima
-    b = token // V2_BLOCK
-    mb = float(m[b])
-    if token - b * V2_BLOCK == int(a[b]):
-        return mb
-    x = (v2_seed(key, stream, _TAG_TOKEN) + (token + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    x = _mix64(x)
-    u = (float(x >> 11) + 1.0) * _U53
-    return max(-_unit_log_scalar(u), 0.0) + mb
-
-
-def _exp_of_words(x: np.ndarray) -> np.ndarray:
-    """``-log U``, ``U = (top 53 bits + 1) / 2^53`` in (0, 1]: Exp(1) draws >= 0 (float64)."""
-    u = (x >> np.uint64(11)).astype(np.float64)
-    u += 1.0
-    u *= _U53
-    e = unit_log(u)
-    np.negative(e, out=e)
-    np.maximum(e, 0.0, out=e)  # -log(1) is 0; keep the bound E >= M_b exact
-    return e
-
-
-def v2_block_minima(key: int, stream: int, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(M, a)``: each block's minimum exponential (float64, > 0) and its place in the block."""
-    x = v2_words(v2_seed(key, stream, _TAG_BLOCK), np.arange(n_blocks, dtype=np.uint64))
-    m = _exp_of_words(x)
-    m *= 1.0 / V2_BLOCK  # exact: a power of two
-    np.maximum(m, _TINY, out=m)  # E = 0 would make 0 / 0 possible
-    return m, (x & np.uint64(V2_BLOCK - 1)).astype(np.int64)
-
-
-def v2_exponentials_at(
-    key: int, stream: int, tokens: np.ndarray, minima: tuple[np.ndarray, np.ndarray]
-) -> np.ndarray:
-    """v2's ``E`` at the token ids ``tokens`` (int64), given the race's :func:`v2_block_minima`."""
-    m, a = minima
-    block = tokens // V2_BLOCK
-    e = _exp_of_words(v2_words(v2_seed(key, stream, _TAG_TOKEN), tokens))
-    mb = m[block]
-    e += mb
-    return np.where(tokens - block * V2_BLOCK == a[block], mb, e)
-
-
-def v2_exponentials(key: int, stream: int, vocab_size: int) -> np.ndarray:
-    """The whole v2 race ``E`` (float64) over ``vocab_size`` tokens: the reference."""
-    minima = v2_block_minima(key, stream, -(-vocab_size // V2_BLOCK))
-    return v2_exponentials_at(key, stream, np.arange(vocab_size, dtype=np.int64), minima)
-
-
-def v2_uniforms(key: int, stream: int, n: int) -> np.ndarray:
-    """``n`` uniforms in [0, 1) (multiples of 2^-53) for (key, stream) under v2."""
-    x = v2_words(v2_seed(key, stream, _TAG_UNIFORM), np.arange(n, dtype=np.uint64))
-    return (x >> np.uint64(11)).astype(np.float64) * _U53
-
-
-def _block_bounds(p: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``M_b / max_b p`` (``+inf`` for a block without mass): no token of block ``b`` scores
-    below it (correctly rounded division is monotone, and ``E_j >= M_b``, ``p_j <= max_b p``)."""
-    v = p.shape[0]
-    full = v - v % V2_BLOCK
-    top = np.empty(m.shape[0])
-    if full:  # torch's reduction over rows of 64 is ~5x NumPy's here
-        top[: full // V2_BLOCK] = torch.from_numpy(p[:full]).view(-1, V2_BLOCK).amax(1).numpy()
-    if full < v:
-        top[-1] = p[full:].max()
-    with np.errstate(divide="ignore"):
-        return m / top
-
-
-class V2Race:
-    """One v2 race drawn lazily: its block minima, and ``E`` of the blocks drawn so far (kept,
-    so the drafter's and the target's races at one context draw each block once).  The buffer
-    is allocated whole but written only where blocks are drawn."""
-
-    __slots__ = ("_bounds", "_done", "_e", "key", "minima", "stream")
-
-    def __init__(self, key: int, stream: int, vocab_size: int) -> None:
-        n_blocks = -(-vocab_size // V2_BLOCK)
-        self.key, self.stream = int(key), stream
-        self.minima = v2_block_minima(self.key, stream, n_blocks)
-        self._e = np.empty(n_blocks * V2_BLOCK)
-        self._done = np.zeros(n_blocks, dtype=bool)
-        self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
-
-    def bounds(self, probs: torch.Tensor, p: np.ndarray) -> np.ndarray:
-        """:func:`_block_bounds` of ``p`` (the float64 host view of ``probs``), kept for the
-        last ``probs`` asked about while that very tensor lives unmodified (its ``_version``):
-        the draft's race and its rank statistic at one context share one pass over the row."""
-        last = self._bounds
-        if last is not None and last[0]() is probs and last[1] == probs._version:
-            return last[2]
-        bound = _block_bounds(p, self.minima[0])
-        self._bounds = (weakref.ref(probs), probs._version, bound)
-        return bound
-
-    def scores(self, blocks: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, E / p)`` over the tokens of ``blocks`` (ascending), ids ascending."""
-        todo = blocks[~self._done[blocks]]
-        if todo.size:
-            tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
-            self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, self.minima)
-            self._done[todo] = True
-        ids = _ids_of(blocks, p.shape[0])
-        with np.errstate(divide="ignore"):
-            return ids, self._e[ids] / p[ids]
-
-    def exponential(self, token: int) -> float:
-        """``E`` of one token (drawn alone if its block is not drawn yet)."""
-        b = token // V2_BLOCK
-        if self._done[b]:
-            return float(self._e[token])
-        return _v2_exponential_at(self.key, self.stream, token, self.minima)
-
-
-_BLOCK_IDS = np.arange(V2_BLOCK)
-
-
-def _ids_of(blocks: np.ndarray, v: int) -> np.ndarray:
-    """The token ids of ``blocks`` (ascending block numbers), ascending, below ``v``."""
-    ids = (blocks[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
-    return ids[ids < v] if blocks.size and blocks[-1] * V2_BLOCK + V2_BLOCK > v else ids
-
-
-def _best_blocks(
-    race: V2Race, p: np.ndarray, m: int, bound: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, scores)`` of every token that can be among the ``m`` best of the v2 race over
-    weights ``p``, ids ascending.  Blocks are drawn in order of their bounds (``bound``:
-    :func:`_block_bounds` of ``p``), the 4, 16, 64, ... smallest, until the ``m``-th best score
-    drawn is below the next bound: every block not drawn then holds only tokens scoring above it
-    (above, not equal: ties stay decidable)."""
-    if bound is None:
-        bound = _block_bounds(p, race.minima[0])
-    n_blocks = bound.size
-    n = 4
-    while True:
-        if n >= n_blocks:
-            return race.scores(np.arange(n_blocks), p)
-        part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
-        ids, sc = race.scores(np.sort(part[:n]), p)
-        if m == 1:
-            limit = float(sc.min())
-        else:
-            finite = sc[np.isfinite(sc)]
-            limit = float(np.partition(finite, m - 1)[m - 1]) if finite.size >= m else math.inf
-        if bound[part[n]] > limit:
-            return ids, sc
-        n *= 4
-
-
-def v2_race_winner(race: V2Race, p: np.ndarray, bound: np.ndarray | None = None) -> int:
-    """``argmin E / p`` (first minimum) of the v2 race over weights ``p`` (float64, >= 0, not all
-    0), drawing only the blocks that can hold it (:func:`_best_blocks`): the token
-    ``race_winner`` picks on the full row."""
-    ids, sc = _best_blocks(race, p, 1, bound)
-    return int(ids[sc.argmin()])
-
-
-def v2_race_ranking(
-    race: V2Race, p: np.ndarray, m: int, bound: np.ndarray | None = None
-) -> list[int]:
-    """``race_ranking``'s ``m`` best tokens (score, then id; zero weights never) of the v2 race,
-    from the blocks that can hold them (:func:`_best_blocks`)."""
-    ids, sc = _best_blocks(race, p, m, bound)
-    keep = np.isfinite(sc)
-    ids, sc = ids[keep], sc[keep]
-    best = np.lexsort((ids, sc))[:m]
-    return [int(i) for i in ids[best]]
-
-
-def v2_race_rank(race: V2Race, p: np.ndarray, token: int, bound: np.ndarray | None = None) -> int:
-    """``race_rank`` of the v2 race: 1 + the tokens scoring strictly below ``token``, counted in
-    the blocks whose bound is below its score (no other token can)."""
-    v = p.shape[0]
-    w = float(p[token])
-    s = race.exponential(token) / w if w > 0 else math.inf
-    if math.isinf(s):
-        return v + 1
-    if bound is None:
-        bound = _block_bounds(p, race.minima[0])
-    _, sc = race.scores(np.flatnonzero(bound < s), p)
-    return int(np.count_nonzero(sc < s)) + 1
 
 
 class RaceNoise:

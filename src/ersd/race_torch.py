@@ -140,7 +140,7 @@ def race_exponentials_torch(
     if scheme == "v2":
         return v2_exponentials_torch(keys, vocab_size, stream, device)
     if scheme != "v1":
-        from ersd.race import check_race_scheme
+        from ersd.race_v2 import check_race_scheme
 
         check_race_scheme(scheme)
     dev = torch.device(device)
@@ -222,7 +222,7 @@ def _v2_words_t(seeds: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _exp_of_words_t(x: torch.Tensor) -> torch.Tensor:
-    from ersd.race import _U53, unit_log
+    from ersd.race_v2 import _U53, unit_log
 
     u = (_shr(x, 11).to(torch.float64) + 1.0) * _U53
     return (-unit_log(u, torch)).clamp_min(0.0)
@@ -234,7 +234,7 @@ def v2_exponentials_torch(
     """v2's ``E`` of each key's race, ``[len(keys), vocab_size]`` float64 on ``device``: the
     bits of :func:`ersd.race.v2_exponentials` (integer ops, and :func:`ersd.race.unit_log`'s
     correctly rounded float ops), with no host transfer after the seeds."""
-    from ersd.race import _TAG_BLOCK, _TAG_TOKEN, V2_BLOCK, v2_seed
+    from ersd.race_v2 import _TAG_BLOCK, _TAG_TOKEN, V2_BLOCK, v2_seed
 
     dev = torch.device(device)
     n_blocks = -(-vocab_size // V2_BLOCK)

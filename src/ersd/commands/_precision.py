@@ -1,7 +1,7 @@
 """``ersd generate``'s configuration choice (``--config auto``) and its identity report: whether
 the loaded target keeps ERSD's text equal to target-only sampling, said before the run, and how
-close the text came to a flip, said after it (:mod:`ersd.models.precision`,
-:mod:`ersd.models.config_choice`)."""
+close the text came to a flip, said after it (:mod:`ersd.precision`,
+:mod:`ersd.config_choice`)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ PROBE = (
 
 def apply_config_auto(models: Any, tree: str, temperature: float, log: Any) -> tuple[Any, str]:
     """``--config auto``: the target/draft dtypes and the tree chosen by this machine's stored
-    measurements (:func:`ersd.models.config_choice.choose_config`); refuses options it sets."""
+    measurements (:func:`ersd.config_choice.choose_config`); refuses options it sets."""
     from click.core import ParameterSource
 
-    from ersd.models.config_choice import choose_config
+    from ersd.config_choice import choose_config
 
     ctx = click.get_current_context()
     given = [
@@ -53,8 +53,8 @@ def identity_before_run(pair: Any, method: Any, log: Any) -> Any:
     """The target's identity check (recorded per model and machine, measured once), said before
     an ERSD run with a draft; None when there is nothing to say (no draft, another method)."""
     from ersd.methods.ersd import ERSD
-    from ersd.models.config_choice import ROUNDING_TOLERANCE
-    from ersd.models.precision import IdentityRecords, checked_identity
+    from ersd.config_choice import ROUNDING_TOLERANCE
+    from ersd.precision import IdentityRecords, checked_identity
 
     meth = method
     if pair.draft is None or not (meth == "ersd" or isinstance(meth, ERSD)):
@@ -73,7 +73,7 @@ def margins_after_run(
 ) -> dict[str, Any]:
     """The text's smallest race margin against the measured error (nothing when the rows were
     bit-identical: no flip is possible)."""
-    from ersd.models.precision import race_margins
+    from ersd.precision import race_margins
 
     if check is None:
         return {}

@@ -4,8 +4,8 @@ A configuration is a target dtype, a draft dtype and a draft tree.  :func:`choos
 among :data:`CANDIDATES`, the one of highest predicted tokens/s that **keeps ERSD's identity on
 this machine** (ERSD's text equals target-only sampling whatever the drafter):
 
-* **identity** is what :func:`ersd.models.precision.check_tree_identity` measured for the target
-  in that dtype on this machine (kept in :class:`~ersd.models.precision.IdentityRecords`, beside
+* **identity** is what :func:`ersd.precision.check_tree_identity` measured for the target
+  in that dtype on this machine (kept in :class:`~ersd.precision.IdentityRecords`, beside
   the cost store; ``ersd generate`` checks and records it before every ERSD run).  A target whose
   tree rows equal its one-token rows, or differ by float32 rounding order only (at most
   :data:`ROUNDING_TOLERANCE` in the logits), is eligible; one whose rows differ by more (bfloat16
@@ -183,11 +183,11 @@ def choose_config(
     """Pick the configuration to run ``target`` <- ``draft`` in (module docstring).
 
     ``store``: a :class:`ersd.cost_store.CostStore` (default: the machine's); ``records``: an
-    :class:`ersd.models.precision.IdentityRecords` (default: beside the store); ``describe``:
+    :class:`ersd.precision.IdentityRecords` (default: beside the store); ``describe``:
     ``(name, dtype) -> describe() dict or None`` (tests pass their own)."""
     from ersd.cost_store import CostStore, model_key
     from ersd.costs import DEFAULT_SIZES
-    from ersd.models.precision import IdentityRecords
+    from ersd.precision import IdentityRecords
 
     store = store if store is not None else CostStore.default()
     if records is None:

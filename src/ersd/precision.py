@@ -15,7 +15,7 @@ bf16 brgemm) rounds a row differently in a wide call than alone, so a near tie c
   difference (the numeric error between the two paths on this prompt: a measurement on one
   prompt, not a bound for all).
 * :class:`IdentityRecords` keeps those results per model and environment next to the cost store
-  (``<store dir>/identity.json``), so the configuration choice (:mod:`ersd.models.config_choice`)
+  (``<store dir>/identity.json``), so the configuration choice (:mod:`ersd.config_choice`)
   knows which configurations were seen to keep the identity without loading them.
 * :func:`race_margins` reports, for a generated text, the smallest race margin (``log`` of the
   runner-up's race score over the winner's, by :func:`ersd.watermark.audit`: one target forward

@@ -237,6 +237,9 @@ def test_summary_pairs_by_prompt_and_writes_the_report(tmp_path):
         cell = s["block_efficiency"][m]["2"]
         vals = [r["block_efficiency"] for r in recs if r.get("method") == m and r["drafts"] == 2]
         assert cell["n"] == 4 and cell["mean"] == pytest.approx(np.mean(vals))
+    sd = [r for r in recs if r.get("method") == "sd"]
+    inner = np.mean([1 + np.mean(r["accepted_per_call"][:-1]) for r in sd])
+    assert s["block_efficiency_without_last_call"]["sd"]["1"]["mean"] == pytest.approx(inner)
     # a prompt missing one cell is left out of every cell, so the columns stay paired
     drop = next(r for r in recs if r.get("method") == "gls" and r["drafts"] == 2)
     s2 = summarise([r for r in recs if r is not drop])

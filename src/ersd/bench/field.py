@@ -662,12 +662,18 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     length = int(cfg.get("draft_length", 4))
     top_k = int(cfg.get("top_k", 50))
     per: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    inner: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     ranks: list[int] = []
     trees: dict[tuple[str, int], str] = {}
     for r in records:
         if r.get("kind") != "cell":
             continue
         per[(r["method"], r["drafts"])][r["prompt"]].append(r["block_efficiency"])
+        # without the last call, which max_new_tokens may cut short: no ceiling at short runs
+        calls = r.get("accepted_per_call") or []
+        inner[(r["method"], r["drafts"])][r["prompt"]].append(
+            1 + float(np.mean(calls[:-1])) if len(calls) > 1 else r["block_efficiency"]
+        )
         trees[(r["method"], r["drafts"])] = r["tree"]
         if r["method"] == "ersd" and r.get("ranks"):
             ranks.extend(r["ranks"])
@@ -692,6 +698,16 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     methods = sorted({m for m, _b in be}, key=_order)
     table = {
         m: {str(b): interval_record(list(be[(m, b)].values())) for b in drafts if (m, b) in be}
+        for m in methods
+    }
+    table_inner = {
+        m: {
+            str(b): interval_record(
+                [float(np.mean(v)) for pid, v in inner[(m, b)].items() if pid in complete]
+            )
+            for b in drafts
+            if (m, b) in be
+        }
         for m in methods
     }
     # ERSD (chain / multi) and ERSD's best tree against the best other method, paired by prompt
@@ -786,6 +802,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "methods": methods,
         "trees": {f"{m}@B{b}": t for (m, b), t in sorted(trees.items())},
         "block_efficiency": table,
+        "block_efficiency_without_last_call": table_inner,
         "paired": paired,
         "bound": bound,
         "exact": exact_table,
@@ -832,6 +849,20 @@ def format_tables(s: dict[str, Any]) -> str:
             "| its asymptote log(BL)/H[R] | "
             + " | ".join(f"{s['bound'][str(b)]['asymptote']:.2f}" for b in drafts)
             + " |"
+        )
+    lines += [
+        "",
+        "The same without each run's last target call, which the token limit may cut short (at "
+        "short runs the full count has a ceiling: N tokens in at least ⌈N/(L+1)⌉ calls): "
+        "1 + mean accepted drafts per call over the other calls.",
+        "",
+        "| method | " + " | ".join(f"B = {b}" for b in drafts) + " |",
+        "|---|" + "---|" * len(drafts),
+    ]
+    for m in s["methods"]:
+        row = s.get("block_efficiency_without_last_call", {}).get(m, {})
+        lines.append(
+            f"| {_display(m)} | " + " | ".join(_cellfmt(row.get(str(b))) for b in drafts) + " |"
         )
     lines += [
         "",

@@ -85,14 +85,14 @@ def model_options(*, dtype: str = "bfloat16", dtype_help: str | None = None) -> 
             show_default=True,
             type=click.Choice(DTYPES),
             help=dtype_help
-            or "bfloat16 is fast on CPUs with AVX-512-bf16; float32 for bit-exact checks.",
+            or "choose by measuring (--config auto), not by CPU flag; float32 for identity checks.",
         ),
         click.option(
             "--draft-dtype",
             default=None,
             type=click.Choice([*DTYPES, "int8"]),
             help="dtype of the draft (default: --dtype). int8 (CPU): dynamic int8 quantization, "
-            "the cheapest draft; with a float32 target ERSD's identity check stays bit-exact.",
+            "the cheapest draft; the draft never changes ERSD's text.",
         ),
         click.option(
             "--linear",

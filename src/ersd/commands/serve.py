@@ -210,6 +210,7 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     api_key = _clean_key(api_key)
     try:
+        from ersd.methods.catalog import race_winners_only
         from ersd.tree_spec import parse_tree_spec
 
         if watermark_key_file is None and (
@@ -231,7 +232,7 @@ def serve(
         if shape is not None and shape.shape is not None:
             meth.check_shape(shape.shape)
         info = meth.info
-        if watermark is not None and shape is not None and not (info and info.race_output):
+        if watermark is not None and shape is not None and not race_winners_only(info):
             raise ErsdError(
                 f"--method {method} with a draft does not mark every token (its accepted drafts "
                 "and corrections are not the keyed race's winners); serve a watermark with "

@@ -26,6 +26,7 @@ from typing import Any
 
 from ersd.batch import derive_seed
 from ersd.errors import ErsdError
+from ersd.methods.catalog import race_winners_only
 from ersd.probs import SamplingParams
 from ersd.request import Request
 from ersd.serve import protocol as P
@@ -232,7 +233,7 @@ def plan_request(
             )
         raise _bad(param, f"{exc}{hint}") from None
     info = request.verification.info
-    if watermark is not None and tree is not None and not (info and info.race_output):
+    if watermark is not None and tree is not None and not race_winners_only(info):
         raise _bad(
             "method",
             f"method {request.verification.name!r} does not mark every token with the keyed "

@@ -23,10 +23,10 @@ Also the cost curve: median ms per ``llama_decode`` with 1/2/4/8/16 new tokens (
 for both models and both batch policies.  Records go to ``--out`` (JSONL); the last stdout line is
 a JSON summary.  ``--smoke`` runs a tiny version (SmolLM2, few tokens) to check the script.
 
-    python scripts/bench_llamacpp.py --out results/llamacpp.jsonl            # ~15 min on 2 cores
-    python scripts/bench_llamacpp.py --draft lookup --sets grounded --prompts 12 --chains '' \
+    python research/bench_llamacpp.py --out results/llamacpp.jsonl            # ~15 min on 2 cores
+    python research/bench_llamacpp.py --draft lookup --sets grounded --prompts 12 --chains '' \
         --out results/llamacpp-lookup.jsonl
-    python scripts/bench_llamacpp.py --smoke [--draft lookup --sets grounded]
+    python research/bench_llamacpp.py --smoke [--draft lookup --sets grounded]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run it alone on an idle machine, in the vLLM environment (bash scripts/setup-vllm.sh):
 
-    OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/python scripts/bench_vllm.py \\
+    OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/python research/bench_vllm.py \\
         --pair qwen --batch 1 8 --max-tokens 64 --out bench-results/vllm.json
 
 ``--pair smollm`` (SmolLM2-135M drafting for itself) is a quick smoke run.  Every vLLM row is a

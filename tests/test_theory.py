@@ -398,6 +398,13 @@ def test_rank_profile_errors(tmp_path: Path) -> None:
     bad.write_text("{")
     with pytest.raises(T.RankProfileError, match="not valid JSON"):
         T.RankProfile.load(bad)
+    # hostile files are one-line errors too, not tracebacks (issue 48)
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(T.RankProfileError, match="nested too deeply"):
+        T.RankProfile.load(bad)
+    bad.write_text('{"counts": [' + "7" * 5000 + "]}")
+    with pytest.raises(T.RankProfileError, match="unreadable JSON value"):
+        T.RankProfile.load(bad)
 
 
 def test_generation_matches_the_iid_rank_model() -> None:

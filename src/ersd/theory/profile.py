@@ -289,6 +289,15 @@ def _read_json(path: str | Path, what: str) -> Any:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RankProfileError(f"cannot read {what} file {str(p)!r}: {exc}") from None
+    except RecursionError:
+        raise RankProfileError(
+            f"{what} file {str(p)!r}: JSON nested too deeply to read; {_MAKE_ONE}"
+        ) from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        why = str(exc).split(":")[0][:100]
+        raise RankProfileError(
+            f"{what} file {str(p)!r}: unreadable JSON value ({why}); {_MAKE_ONE}"
+        ) from None
 
 
 @dataclass

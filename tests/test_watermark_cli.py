@@ -86,9 +86,22 @@ def test_generate_marks_every_token_and_keeps_drafter_invariance(
     wm = generated["watermark"]
     assert isinstance(wm, dict)
     assert wm["salt"] == SEED % 8 and wm["key_fingerprint"] == load_watermark(key_file).fingerprint
+    assert (wm["version"], wm["num_salts"]) == (1, 8)  # a key file without "version" is v1
     assert (
         generated["identical_to_target_only"] is True
     )  # watermarked ERSD = watermarked target-only
+
+
+def test_generate_refuses_a_key_made_for_another_tokenizer(tmp_path: Path) -> None:
+    path = tmp_path / "other.key"
+    path.write_text(json.dumps({"key": KEY_HEX, "tokenizer": "no-such-tokenizer-anywhere"}))
+    path.chmod(0o600)
+    r = run_ersd(
+        "generate", *PAIR, "--max-new-tokens", "4", "--watermark-key-file", str(path), PROMPT
+    )
+    assert r.rc != 0
+    assert "the key file is for tokenizer 'no-such-tokenizer-anywhere'" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_detect_finds_the_text_and_not_unwatermarked_text(

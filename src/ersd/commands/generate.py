@@ -245,6 +245,10 @@ def generate(
         )
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         pair = load_pair(models)
+        if wm is not None:  # a key made for another tokenizer would mark text no reader matches
+            from ersd.watermark.settings import check_tokenizer
+
+            check_tokenizer(wm, pair.target.tokenizer, models.target)
         log(f"[loaded in {pair.seconds:.1f}s: {pair.summary()}]")
         identity = identity_before_run(pair, meth, log)  # said before the run, not after
         kwargs: dict[str, Any] = dict(
@@ -344,6 +348,8 @@ def _generate_one(
     if wm is not None:  # which key (by fingerprint, never the key) and salt marked the text
         out["watermark"] = {
             "scheme": wm.scheme,
+            "version": wm.version,
+            "num_salts": wm.num_salts,
             "key_fingerprint": wm.fingerprint,
             "context_width": wm.context_width,
             "salt": wm.salt_for(kwargs["seed"]),

@@ -239,6 +239,10 @@ def serve(
                 "--method ersd, or without --draft"
             )
         pair = load_pair(models)
+        if watermark is not None:  # refuse a key made for another tokenizer before serving
+            from ersd.watermark.settings import check_tokenizer
+
+            check_tokenizer(watermark, pair.target.tokenizer, models.target)
     except ErsdError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(

@@ -963,7 +963,7 @@ def plot(s: dict[str, Any], path: str | Path) -> Path:
             [y - lo for y, lo in zip(ys, lows, strict=True)],
             [hi - y for y, hi in zip(ys, highs, strict=True)],
         ]
-        colour = CATALOG[m].colour if m in CATALOG else "#000000"
+        colour = CATALOG[m if m in CATALOG else "ersd"].colour
         style = "--" if m == ERSD_TREE else "-"
         ax.errorbar(xs, ys, yerr=err, label=_display(m), color=colour, ls=style, marker="o", ms=3)
     length = s["config"].get("draft_length", 4)

@@ -23,9 +23,11 @@ from ersd.errors import WatermarkError
 from ersd.watermark import Watermark, detect
 from ersd.watermark.detect import scored_windows, sidak
 from ersd.watermark.weighted import (
+    chernoff_log_cdf,
     detect_weighted,
     detect_with_model,
     hypoexp_cdf,
+    hypoexp_log_cdf,
     hypoexp_quantile,
     model_token_probs,
 )
@@ -100,6 +102,17 @@ def test_hypoexp_matches_monte_carlo_with_uneven_weights() -> None:
         assert abs(hypoexp_cdf(s, w) - q) < 5 * se
     s01 = hypoexp_quantile(0.01, w)
     assert hypoexp_cdf(s01, w) == pytest.approx(0.01, rel=1e-5)
+
+
+def test_the_chernoff_fallback_is_conservative_and_long_texts_stay_cheap() -> None:
+    rng = np.random.default_rng(2)
+    w = rng.uniform(0.05, 20, 50)
+    for s in (1.0, 20.0, 100.0, float(w.sum())):
+        assert chernoff_log_cdf(s, w) >= hypoexp_log_cdf(s, w)
+    # 6,000 tokens whose exact tail would need ~1e10 cells: the bound answers, at most 1
+    ids = rng.integers(0, 5000, 6000)
+    res = detect_weighted(ids, _wm(num_salts=2), np.exp(rng.uniform(-9, 0, 6000)))
+    assert 0 < res.p_value <= 1 and not res.watermarked
 
 
 # --- null calibration --------------------------------------------------------------------------

@@ -132,6 +132,27 @@ def _read_ids(source: str) -> list[int]:
 )
 @click.option("--chat", is_flag=True, help="With --prompt: it was wrapped in the chat template.")
 @click.option("--per-token", is_flag=True, help="With --json: each scored token's score.")
+@click.option(
+    "--model",
+    "model_name",
+    default=None,
+    help="Weight each token by this model's probability of it (same tokenizer; the target is "
+    "best): the model-weighted detector, with an exact p-value and 'not enough signal' for "
+    "low-entropy text (docs/watermark-detection.md).",
+)
+@click.option(
+    "--temperature",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="With --model: the generation's temperature, when known.",
+)
+@click.option(
+    "--spans",
+    is_flag=True,
+    help="Scan windows for the spans that carry the mark (mixed documents); prints the text "
+    "with them in [[ ]] (docs/watermark-detection.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def detect(
     source: str,
@@ -144,6 +165,9 @@ def detect(
     prompt: str | None,
     chat: bool,
     per_token: bool,
+    model_name: str | None,
+    temperature: float,
+    spans: bool,
     as_json: bool,
 ) -> None:
     """Is SOURCE (a file of generated text, or - for stdin) watermarked with this key?
@@ -161,6 +185,8 @@ def detect(
 
     if chat and prompt is None:
         raise click.UsageError("--chat goes with --prompt")
+    if spans and model_name is not None:
+        raise click.UsageError("--spans scans with the model-free score: drop --model")
     try:
         wm = load_watermark(key_file, context_width=context_width)
         # the input first: a bad one is refused before the tokenizer loads
@@ -174,6 +200,11 @@ def detect(
             from ersd.models.hf import HFTokenizer
 
             prompt_ids = _encode(HFTokenizer(tok), prompt, chat)
+        if spans or model_name is not None:
+            _detect_more(
+                token_ids, wm, tok, salt, threshold, prompt_ids, model_name, temperature, as_json
+            )
+            return
         res = run_detect(
             token_ids,
             wm,
@@ -194,6 +225,62 @@ def detect(
         f"over {res.scored} scored tokens, {res.skipped} repeated windows skipped"
         + (f", the first {res.opening} unscored (no --prompt)" if res.opening else "")
         + f"; best salt {res.salt} of {res.salts_tried} tried)"
+    )
+
+
+def _detect_more(
+    token_ids: list[int],
+    wm: Any,
+    tok: Any,
+    salt: int | None,
+    threshold: float,
+    prompt_ids: list[int] | None,
+    model_name: str | None,
+    temperature: float,
+    as_json: bool,
+) -> None:
+    """``detect --model`` (model-weighted) or ``detect --spans`` (localized)."""
+    if model_name is None:
+        from ersd.models.hf import HFTokenizer
+        from ersd.watermark.localize import highlight, scan
+
+        hf = HFTokenizer(tok)
+        loc = scan(
+            token_ids, wm, salt=salt, threshold=threshold, vocab_size=len(tok),
+            prompt=prompt_ids, tokenizer=hf,
+        )  # fmt: skip
+        if as_json:
+            click.echo(json.dumps(loc.as_dict()))
+            return
+        verdict = "WATERMARKED SPANS" if loc.watermarked else "no marked span"
+        click.echo(
+            f"{verdict} (p = {loc.p_value:.3g} at threshold {threshold:g}, corrected for "
+            f"{loc.windows} windows and {loc.salts_tried} salts; {len(loc.spans)} span(s))"
+        )
+        if loc.spans:
+            click.echo(highlight(hf.decode(token_ids), loc.spans))
+        return
+    from ersd.models.loading import load_model
+    from ersd.watermark.weighted import detect_with_model
+
+    model = load_model(model_name, dtype="float32")
+    if model.vocab_size < len(tok):
+        raise click.ClickException(
+            f"--model {model_name} has {model.vocab_size} token ids, the tokenizer {len(tok)}: "
+            "use a model with the key's tokenizer"
+        )
+    res = detect_with_model(
+        token_ids, wm, model, temperature=temperature, prompt=prompt_ids, salt=salt,
+        threshold=threshold, vocab_size=len(tok),
+    )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(res.as_dict()))
+        return
+    click.echo(
+        f"{res.verdict.upper() if res.watermarked else res.verdict} (p = {res.p_value:.3g} at "
+        f"threshold {threshold:g}, model-weighted by {model_name} at T = {temperature:g}; "
+        f"{res.weighted} of {res.scored} scored tokens weighted; expected power "
+        f"{res.expected_power:.2f}; best salt {res.salt} of {res.salts_tried} tried)"
     )
 
 

@@ -29,7 +29,9 @@ every digit when weights are close): ``P(T = t)`` is built by ``n`` first-order 
 (:func:`scipy.signal.lfilter`, rescaled per stage), the Poisson tail by
 :func:`scipy.stats.poisson.logsf`.  The sum is truncated where the Poisson tail bound is below
 ``1e-12`` of the result (checked, else extended), so the p-value is exact to about 1e-11
-relative, down to ~1e-290 (below that it is reported as 0).  Cost ``O(n * L * s)``.
+relative, down to ~1e-290 (below that it is reported as 0).  Cost ``O(n * L * s)``; where that
+would exceed :data:`MAX_WORK` (long texts with a large ``s``, i.e. p-values far from small) the
+p-value is Chernoff's bound instead, conservative (:func:`chernoff_log_cdf`).
 
 **Expected evidence** (:attr:`WeightedDetection.expected_power`): had the same tokens been
 written with the key, ``S`` would be ``sum_t w_t p_t Exp(1)``, again hypoexponential; the
@@ -60,6 +62,8 @@ DEFAULT_WEIGHT_RATIO = 1000.0
 #: below this expected power an undetected text is "not enough signal"
 DEFAULT_MIN_POWER = 0.9
 _TINY = 1e-290
+#: the exact tail's work bound (array cells x stages); beyond it, Chernoff's conservative bound
+MAX_WORK = 3e8
 
 
 def hypoexp_log_cdf(s: float, weights: Sequence[float] | np.ndarray) -> float:
@@ -76,6 +80,8 @@ def hypoexp_log_cdf(s: float, weights: Sequence[float] | np.ndarray) -> float:
     q = (1.0 / w) / rate  # in (0, 1]
     mu = rate * float(s)
     n = len(w)
+    if (mu + 12.0 * math.sqrt(mu) + n) * n > MAX_WORK:
+        return chernoff_log_cdf(s, w)
     extra = 12.0 * math.sqrt(mu) + 40.0
     while True:
         k = math.ceil(max(mu, 0.0) + extra) + n + 1
@@ -103,6 +109,24 @@ def hypoexp_log_cdf(s: float, weights: Sequence[float] | np.ndarray) -> float:
         if log_err < log_sum + math.log(1e-12) or log_sum < math.log(_TINY):
             return min(0.0, log_sum) if log_sum >= math.log(_TINY) else -math.inf
         extra *= 2.0
+
+
+def chernoff_log_cdf(s: float, weights: np.ndarray) -> float:
+    """A conservative bound on ``log P(sum_i w_i E_i <= s)``: Chernoff's
+    ``min_{theta > 0} theta s - sum_i log(1 + theta w_i)`` (0 at or above the mean)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if s >= w.sum():
+        return 0.0
+    from scipy.optimize import brentq
+
+    def slope(theta: float) -> float:
+        return float(s - (w / (1.0 + theta * w)).sum())
+
+    hi = 1.0
+    while slope(hi) < 0:
+        hi *= 2.0
+    theta = brentq(slope, 0.0, hi, xtol=1e-12 * hi)
+    return min(0.0, float(theta * s - np.log1p(theta * w).sum()))
 
 
 def hypoexp_cdf(s: float, weights: Sequence[float] | np.ndarray) -> float:
@@ -297,7 +321,11 @@ def detect_weighted(
     if expected:
         per_salt = -math.expm1(math.log1p(-threshold) / len(salts))
         s_alpha = hypoexp_quantile(per_salt, wk)
-        power = hypoexp_cdf(s_alpha, wk * p[np.asarray(positions)[kept]])
+        alt = wk * p[np.asarray(positions)[kept]]
+        # floored up to 1/weight_ratio of the largest: S only grows, so the power is at worst
+        # underestimated (towards "not enough signal"), and the cost stays bounded
+        alt = np.maximum(alt, alt.max() / weight_ratio)
+        power = hypoexp_cdf(s_alpha, alt)
     return WeightedDetection(
         p_value=sidak(p_salt, len(salts)),
         score=float(scores[i]),

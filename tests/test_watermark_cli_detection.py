@@ -33,7 +33,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         model, None, prompt, max_new_tokens=96, seed=3, temperature=0.7, watermark=wm
     ).tokens
     human = tok.encode(HUMAN)
-    return {"key": key, "tmp": tmp, "marked": marked, "human": human}
+    return {"key": key, "tmp": tmp, "marked": marked, "human": human, "model": model, "wm": wm}
 
 
 def _detect(setup: dict[str, object], ids: list[int], *args: str) -> dict:
@@ -57,6 +57,20 @@ def test_detect_with_a_model_weights_tokens_and_reports_its_verdict(
     human = list(setup["human"])  # type: ignore[call-overload]
     h = _detect(setup, human[:200], "--model", "smollm2-135m")
     assert not h["watermarked"] and h["verdict"] in ("not watermarked", "not enough signal")
+
+
+def test_a_near_deterministic_text_is_not_enough_signal(setup: dict[str, object]) -> None:
+    """Counting to 40: every token after the first few is nearly certain under the model, so
+    the model-free "not watermarked" would be a claim without evidence; the weighted detector
+    says so."""
+    from ersd.watermark import detect
+    from ersd.watermark.weighted import detect_with_model
+
+    model, wm = setup["model"], setup["wm"]
+    ids = model.tokenizer.encode(", ".join(str(i) for i in range(1, 41)))  # type: ignore[attr-defined]
+    res = detect_with_model(ids, wm, model)  # type: ignore[arg-type]
+    assert res.verdict == "not enough signal" and res.expected_power < 0.5, res
+    assert not detect(ids, wm).watermarked  # model-free: "not watermarked", no caveat
 
 
 def test_detect_spans_finds_the_pasted_text(setup: dict[str, object]) -> None:

@@ -110,7 +110,7 @@ def test_the_chernoff_fallback_is_conservative_and_long_texts_stay_cheap() -> No
     for s in (1.0, 20.0, 100.0, float(w.sum())):
         assert chernoff_log_cdf(s, w) >= hypoexp_log_cdf(s, w)
     # 6,000 tokens whose exact tail would need ~1e10 cells: the bound answers, at most 1
-    ids = rng.integers(0, 5000, 6000)
+    ids = rng.integers(0, 5000, 6000).tolist()
     res = detect_weighted(ids, _wm(num_salts=2), np.exp(rng.uniform(-9, 0, 6000)))
     assert 0 < res.p_value <= 1 and not res.watermarked
 
@@ -154,7 +154,7 @@ def test_weighted_null_is_calibrated_and_peeking_weights_are_caught() -> None:
     wm = _wm(num_salts=4)
     seqs = _null_sequences(N_NULL, seed=7)
     good = np.array(
-        [detect_weighted(i, wm, p, min_tokens=1, expected=False).p_value for i, p in seqs]
+        [detect_weighted(i.tolist(), wm, p, min_tokens=1, expected=False).p_value for i, p in seqs]
     )
     ks, b1, b2 = _calibration(good)
     assert ks > KS_ALPHA and b1 > BINOM_ALPHA and b2 > BINOM_ALPHA, (ks, b1, b2)
@@ -195,7 +195,7 @@ def test_weighting_beats_the_model_free_score_on_low_entropy_text() -> None:
 def test_near_deterministic_text_is_not_enough_signal() -> None:
     wm = _wm(num_salts=4)
     rng = np.random.default_rng(5)
-    ids = rng.integers(0, 500, 40)
+    ids = rng.integers(0, 500, 40).tolist()
     # unmarked, every token nearly certain: undetected and too little signal to say "not marked"
     sure = detect_weighted(ids, wm, np.full(40, 0.995), min_tokens=1)
     assert not sure.watermarked and sure.expected_power < 0.2

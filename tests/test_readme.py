@@ -11,7 +11,9 @@ Every ```bash / ```python block of README.md is preceded by a decision the test 
 A block without a decision fails the test, so a new block cannot go untested by accident. The
 complete ``ersd ...`` commands quoted inline in the README (no ``...`` or placeholder in them)
 run too: the cheap ones here, the ones on the Qwen pair in the slow suite; ``ersd serve`` starts a
-server that never returns and is run by ``tests/test_serve.py`` instead.
+server that never returns and is run by ``tests/test_serve.py`` instead, and an ``ersd bench``
+preset runs for hours, so its tests run it small (``tests/test_field_multidraft.py`` and the
+other bench tests).
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ def _inline_params() -> list[object]:
     for cmd in inline_commands(README.read_text(encoding="utf-8")):
         if cmd.startswith("ersd serve"):
             continue  # a server: started and driven by tests/test_serve.py
+        if cmd.startswith("ersd bench"):
+            continue  # a benchmark of hours: its presets are run small by tests/test_*bench*.py
         marks = [pytest.mark.slow] if any(m in cmd for m in SLOW_MODELS) else []
         out.append(pytest.param(cmd, id=cmd[:60], marks=marks))
     return out

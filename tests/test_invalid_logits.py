@@ -79,14 +79,13 @@ def test_llamacpp_nan_logits_raise_naming_the_file(monkeypatch: pytest.MonkeyPat
     model = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=256)
     healthy = ersd.generate(model, None, [1, 2, 3], max_new_tokens=2, seed=0)
     assert len(healthy.tokens) == 2
-    real = llamacpp_session._Context.logits
+    real = llamacpp_session._Context.logits_into
 
-    def nan_logits(self: object, i: int) -> np.ndarray:
-        row = real(self, i)  # type: ignore[arg-type]
-        row[7] = np.nan
-        return row
+    def nan_logits(self: object, i: int, dst: np.ndarray) -> None:
+        real(self, i, dst)  # type: ignore[arg-type]
+        dst[7] = np.nan
 
-    monkeypatch.setattr(llamacpp_session._Context, "logits", nan_logits)
+    monkeypatch.setattr(llamacpp_session._Context, "logits_into", nan_logits)
     with pytest.raises(InvalidLogitsError, match=rf"'{model.name}' returned NaN logits"):
         ersd.generate(model, None, [4, 5, 6], max_new_tokens=2, seed=0)
 

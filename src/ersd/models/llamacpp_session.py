@@ -288,10 +288,6 @@ class _Context:
             b.logits[i] = 1 if out else 0
         return int(self.lib.llama_decode(self.ctx, b))
 
-    def logits(self, i: int) -> np.ndarray:
-        ptr = self.lib.llama_get_logits_ith(self.ctx, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
-
     def logits_into(self, i: int, dst: np.ndarray) -> None:
         """Copy the logits of batch item ``i`` into ``dst`` (one copy, no new array)."""
         ptr = self.lib.llama_get_logits_ith(self.ctx, i)

@@ -17,7 +17,7 @@ so every run is a deterministic function of its arguments.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,6 +288,52 @@ def _check_tree_given(drafter: Drafter | None, tree: Any) -> None:
 # --- public API ------------------------------------------------------------------------------
 
 
+def stream_request(
+    target: LanguageModel, draft: Drafter | LanguageModel | None, request: Request
+) -> Iterator[StepRecord]:
+    """Generate a built :class:`~ersd.request.Request` (checked on construction), yielding one
+    :class:`StepRecord` per target call.  ``draft=None`` (or a request with ``tree=None``)
+    samples from the target alone; the request is checked against the models first."""
+    yield from run(target, request, request.resolve(target, as_drafter(draft)))
+
+
+def generate_request(
+    target: LanguageModel,
+    draft: Drafter | LanguageModel | None,
+    request: Request,
+    *,
+    label: str | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> GenerationResult:
+    """Generate a built :class:`~ersd.request.Request`: what :func:`generate` returns for the
+    same settings (same tokens, same statistics).  ``draft=None`` (or a request with
+    ``tree=None``) samples from the target alone.  ``label`` names the result (default: the
+    method's name); ``on_step`` is called with each :class:`StepRecord` as it is made (to stream
+    the accepted text)."""
+    t0 = time.perf_counter()
+    settings = request.resolve(target, as_drafter(draft))
+    steps: list[StepRecord] = []
+    for rec in run(target, request, settings):
+        steps.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return GenerationResult.from_steps(
+        steps,
+        method=label or settings.method.name,
+        tree=settings.label,
+        wall_time=time.perf_counter() - t0,
+        race_scheme=settings.noise.scheme,
+    )
+
+
+def _keyword_request(
+    drafter: Drafter | None, prompt: Sequence[int], tree: Any, **fields: Any
+) -> Request:
+    """The :class:`Request` of :func:`generate`'s keywords (no tree without a drafter)."""
+    _check_tree_given(drafter, tree)
+    return Request.of(prompt, tree=tree if drafter is not None else None, **fields)
+
+
 def generate_stream(
     target: LanguageModel,
     draft: Drafter | LanguageModel | None,
@@ -309,13 +355,13 @@ def generate_stream(
 ) -> Iterator[StepRecord]:
     """Generate like :func:`generate`, yielding one :class:`StepRecord` per target call."""
     drafter = as_drafter(draft)
-    _check_tree_given(drafter, tree)
-    request = Request.of(
+    request = _keyword_request(
+        drafter,
         prompt,
+        tree,
         max_new_tokens=max_new_tokens,
         seed=seed,
         method=method,
-        tree=tree if drafter is not None else None,
         sampling=sampling,
         temperature=temperature,
         top_k=top_k,
@@ -326,7 +372,7 @@ def generate_stream(
         watermark=watermark,
         race_scheme=race_scheme,
     )
-    yield from run(target, request, request.resolve(target, drafter))
+    yield from stream_request(target, drafter, request)
 
 
 def generate(
@@ -370,17 +416,17 @@ def generate(
     ``race_scheme`` picks how the races are drawn: ``"v1"`` (NumPy's Philox, the default: every
     earlier seed's text) or ``"v2"`` (the blocked splitmix64 race, faster; docs/race-schemes.md);
     the result records it.
-    The keywords make one :class:`ersd.request.Request`, checked before anything runs.
+    The keywords make one :class:`ersd.request.Request`, checked before anything runs
+    (:func:`generate_request` generates one built by the caller).
     """
-    t0 = time.perf_counter()
     drafter = as_drafter(draft)
-    _check_tree_given(drafter, tree)
-    request = Request.of(
+    request = _keyword_request(
+        drafter,
         prompt,
+        tree,
         max_new_tokens=max_new_tokens,
         seed=seed,
         method=method,
-        tree=tree if drafter is not None else None,
         sampling=sampling,
         temperature=temperature,
         top_k=top_k,
@@ -391,12 +437,4 @@ def generate(
         watermark=watermark,
         race_scheme=race_scheme,
     )
-    settings = request.resolve(target, drafter)
-    steps = list(run(target, request, settings))
-    return GenerationResult.from_steps(
-        steps,
-        method=label or settings.method.name,
-        tree=settings.label,
-        wall_time=time.perf_counter() - t0,
-        race_scheme=settings.noise.scheme,
-    )
+    return generate_request(target, drafter, request, label=label)

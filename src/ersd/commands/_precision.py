@@ -52,8 +52,8 @@ def apply_config_auto(models: Any, tree: str, temperature: float, log: Any) -> t
 def identity_before_run(pair: Any, method: Any, log: Any) -> Any:
     """The target's identity check (recorded per model and machine, measured once), said before
     an ERSD run with a draft; None when there is nothing to say (no draft, another method)."""
-    from ersd.methods.ersd import ERSD
     from ersd.config_choice import ROUNDING_TOLERANCE
+    from ersd.methods.ersd import ERSD
     from ersd.precision import IdentityRecords, checked_identity
 
     meth = method
@@ -69,9 +69,10 @@ def identity_before_run(pair: Any, method: Any, log: Any) -> Any:
 
 
 def margins_after_run(
-    pair: Any, ids: list[int], tokens: list[int], kwargs: dict[str, Any], check: Any, log: Any
+    pair: Any, request: Any, tokens: list[int], check: Any, log: Any
 ) -> dict[str, Any]:
-    """The text's smallest race margin against the measured error (nothing when the rows were
+    """The smallest race margin of ``tokens`` (generated for ``request``, an
+    :class:`ersd.request.Request`) against the measured error (nothing when the rows were
     bit-identical: no flip is possible)."""
     from ersd.precision import race_margins
 
@@ -80,17 +81,26 @@ def margins_after_run(
     out: dict[str, Any] = {"identity": check.to_dict()}
     if check.identical:
         return out
+    if request.race_scheme != "v1":  # the margins replay the races through the v1 audit
+        log(
+            f"  race margins        not computed: the margin replay draws race scheme v1 and "
+            f"this text used {request.race_scheme}; rerun with --race-scheme v1 to tell an "
+            "identical text from a lucky one"
+        )
+        out["margins"] = None
+        return out
+    params = request.sampling
     rep = race_margins(
         pair.target,
-        ids,
+        request.prompt,
         tokens,
         error=check.max_abs_diff,
-        seed=kwargs["seed"],
-        temperature=kwargs["temperature"],
-        top_k=kwargs.get("top_k"),
-        top_p=kwargs.get("top_p"),
-        min_p=kwargs.get("min_p"),
-        watermark=kwargs.get("watermark"),
+        seed=request.seed,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        watermark=request.watermark,
     )
     log(f"  race margins        {rep.summary()}")
     out["margins"] = rep.to_dict()

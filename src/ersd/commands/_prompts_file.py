@@ -15,11 +15,14 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ersd.errors import ErsdError, InputFileError
+
+if TYPE_CHECKING:
+    from ersd.request import Request
 
 _EXAMPLE = 'e.g. {"prompt": "def add(a, b):", "seed": 1}'
 
@@ -136,7 +139,7 @@ def encode(tokenizer: Any, line: PromptLine, chat: bool, path: str = "") -> list
 def run_prompts_file(
     pair: Any,
     lines: list[PromptLine],
-    settings: dict[str, Any],
+    template: Request,
     *,
     path: str,
     chat: bool,
@@ -146,86 +149,66 @@ def run_prompts_file(
     progress: bool,
     log: Callable[[str], None],
 ) -> None:
-    """Generate for every line (``settings``: the keywords of ``ersd.generate``, whose ``seed``
-    and ``max_new_tokens`` are the defaults of the lines) and print/write the results in input
-    order as each is ready."""
+    """Generate for every line and print/write the results in input order as each is ready.
+    ``template``: the command's :class:`ersd.request.Request`, whose ``seed`` and
+    ``max_new_tokens`` are the lines' defaults; each line's request is it with the line's ids,
+    seed and length, every one checked against the models before anything runs."""
     from tqdm import tqdm
 
-    import ersd
-    from ersd.generation import as_drafter
-    from ersd.request import Request
+    from ersd.batch import derive_seed, run_requests
+    from ersd.generation import as_drafter, generate_request
 
-    tmodel, draft = pair.target, pair.draft
-    common = {k: v for k, v in settings.items() if k not in ("seed", "max_new_tokens")}
-    ids = [encode(tmodel.tokenizer, ln, chat, path) for ln in lines]
-    seeds = [
-        ln.seed if ln.seed is not None else ersd.derive_seed(settings["seed"], ln.index)
-        for ln in lines
-    ]
-    limits = [ln.max_new_tokens or settings["max_new_tokens"] for ln in lines]
-    drafter = as_drafter(draft)
-    for ln, p, s, n in zip(lines, ids, seeds, limits, strict=True):  # all checked before any runs
+    tmodel = pair.target
+    drafter = as_drafter(pair.draft)
+    requests: list[Request] = []
+    for ln in lines:  # all checked before any runs
+        ids = encode(tmodel.tokenizer, ln, chat, path)  # its errors name the line already
         try:
-            eos = common["eos_token_id"]
-            line = Request(p, max_new_tokens=n, seed=s, tree=None, eos_token_id=eos)
-            line.check_models(tmodel, drafter)
+            req = replace(
+                template,
+                prompt=ids,
+                seed=ln.seed if ln.seed is not None else derive_seed(template.seed, ln.index),
+                max_new_tokens=ln.max_new_tokens or template.max_new_tokens,
+            )
+            req.check_models(tmodel, drafter)
         except ErsdError as exc:
             raise type(exc)(f"{path} line {ln.line}: {exc}", param=exc.param) from None
+        requests.append(req)
     groups: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(limits):
-        groups[n].append(i)
+    for i, req in enumerate(requests):
+        groups[req.max_new_tokens].append(i)
     # warm-up: first forwards pay one-time costs (kernels, allocator); keep them out of timings
-    ersd.generate(tmodel, draft, ids[0], seed=seeds[0], max_new_tokens=2, **common)
+    generate_request(tmodel, drafter, replace(requests[0], max_new_tokens=2))
     sink: IO[str] | None = None
     if out:
         try:
             sink = open(out, "w", encoding="utf-8")  # noqa: SIM115 (closed in the finally below)
         except OSError as exc:
             raise InputFileError(f"--out {out}: cannot write it ({exc.strerror})") from None
-    printer = _InOrder(lines, seeds, tmodel.tokenizer, as_json, sink)
+    printer = _InOrder(lines, [r.seed for r in requests], tmodel.tokenizer, as_json, sink)
     t0 = time.perf_counter()
     try:
         with tqdm(
             total=len(lines), desc="prompts", unit="prompt", file=sys.stderr, disable=not progress
         ) as bar:
-            for limit, members in groups.items():
-                records: dict[int, list[Any]] = defaultdict(list)
-                stream = ersd.generate_batch_stream(
-                    tmodel,
-                    draft,
-                    [ids[i] for i in members],
-                    seeds=[seeds[i] for i in members],
-                    max_new_tokens=limit,
-                    max_batch_size=batch_size,
-                    **common,
-                )
-                for j, rec in stream:
-                    i = members[j]
-                    records[i].append(rec)
-                    if rec.finish_reason is None:
-                        continue
-                    steps = records.pop(i)
-                    printer.done(
-                        i,
-                        ersd.GenerationResult.from_steps(
-                            steps,
-                            method=common["method"],
-                            tree=common["tree"] if draft is not None else None,
-                            eos_token_id=common["eos_token_id"],
-                            wall_time=sum(r.total_time for r in steps),
-                        ),
-                    )
-                    bar.update()
+            for members in groups.values():  # one batch per max_new_tokens, in order
+                group = [requests[i] for i in members]
+                for j, _, res in run_requests(tmodel, drafter, group, batch_size):
+                    if res is not None:  # a row's time: the sum of its steps'
+                        printer.done(
+                            members[j],
+                            replace(res, wall_time=sum(r.total_time for r in res.steps)),
+                        )
+                        bar.update()
     finally:
         if sink is not None:
             sink.close()
     wall = time.perf_counter() - t0
     tokens = printer.tokens
+    drafted = f" {template.tree}" if drafter is not None else ", target-only"
     log(
         f"\n--- {len(lines)} prompts, {tokens} tokens in {wall:.1f}s: {tokens / wall:.2f} "
-        f"tokens/s (batch size {batch_size}, {settings['method']}"
-        + (f" {common['tree']}" if draft is not None else ", target-only")
-        + ") ---"
+        f"tokens/s (batch size {batch_size}, {template.verification.name}{drafted}) ---"
     )
     if out:
         log(f"[wrote {len(lines)} JSON lines to {out}]")

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ersd.commands._loading import ModelArgs, load_pair, model_options
 from ersd.commands._precision import apply_config_auto, identity_before_run, margins_after_run
 from ersd.methods.catalog import METHOD_NAMES
+
+if TYPE_CHECKING:
+    from ersd.request import Request
+
+#: the race schemes of ``--race-scheme`` (:data:`ersd.race_v2.RACE_SCHEMES`, which imports torch;
+#: a test keeps the two equal)
+RACE_SCHEMES = ("v1", "v2")
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 
@@ -66,9 +72,9 @@ class _Streamer:
         self.printed = text
 
 
-def _stats_block(res: Any, elapsed: float) -> str:
+def _stats_block(res: Any) -> str:
     per_pos = ", ".join(f"{a:.2f}" for a in res.accepted_per_pos) or "-"
-    wall = res.wall_time or elapsed
+    wall = res.wall_time
     lines = [
         f"  tokens              {len(res.tokens)}",
         f"  target calls        {res.target_calls}",
@@ -173,6 +179,14 @@ def _stats_block(res: Any, elapsed: float) -> str:
     "`ersd watermark keygen --out F` makes one; docs/watermark.md).",
 )
 @click.option(
+    "--race-scheme",
+    type=click.Choice(RACE_SCHEMES),
+    default="v1",
+    show_default=True,
+    help="How the races are drawn: v1 (NumPy's Philox; every earlier seed's text) or v2 (the "
+    "faster blocked race: same law, other texts; not with a watermark); docs/race-schemes.md.",
+)
+@click.option(
     "--watermark-context",
     type=click.IntRange(min=1),
     default=None,
@@ -198,6 +212,7 @@ def generate(
     batch_size: int | None,
     out: str | None,
     no_progress: bool,
+    race_scheme: str,
     watermark_key_file: str | None,
     watermark_context: int | None,
 ) -> None:
@@ -206,10 +221,8 @@ def generate(
     With --prompts-file, generate for every prompt of a JSON Lines file at once (batched).
     """
     import ersd
-    from ersd.auto import CurveCache, sharing
     from ersd.commands._prompts_file import read_prompts, run_prompts_file
     from ersd.errors import ErsdError
-    from ersd.tree_spec import parse_tree_spec
 
     if prompts_file is not None:
         if prompt is not None:
@@ -229,19 +242,25 @@ def generate(
     try:
         if config == "auto":
             models, tree = apply_config_auto(models, tree, temperature, log)
-        meth = ersd_method(method, draft_sharpness)
-        # every tree kind parses once, at the request's temperature (ersd.tree_spec): fixed
-        # shapes, optimal:K@FILE, auto (chosen per step) and dynamic:K[@D] (grown per step)
-        shape = parse_tree_spec(tree, temperature=temperature)
-        if shape.auto is not None:  # the warm-up's measured cost curves serve the real run
-            shape = replace(shape, auto=sharing(shape.auto, CurveCache()))
-        ersd.SamplingParams(temperature, top_k, top_p, min_p)
         if watermark_context is not None and watermark_key_file is None:
             raise click.UsageError("--watermark-context goes with --watermark-key-file FILE")
         wm = (
             ersd.load_watermark(watermark_key_file, context_width=watermark_context)
             if watermark_key_file is not None
             else None
+        )
+        template = _request_template(
+            method=ersd_method(method, draft_sharpness),
+            tree=tree,
+            has_draft=models.has_draft,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            watermark=wm,
+            race_scheme=race_scheme,
         )
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         pair = load_pair(models)
@@ -250,26 +269,16 @@ def generate(
 
             check_tokenizer(wm, pair.target.tokenizer, models.target)
         log(f"[loaded in {pair.seconds:.1f}s: {pair.summary()}]")
-        identity = identity_before_run(pair, meth, log)  # said before the run, not after
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=max_new_tokens,
-            method=meth,
-            tree=shape,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            eos_token_id=pair.target.eos_token_ids,
-        )
+        # said before the run, not after
+        identity = identity_before_run(pair, template.verification, log)
+        template = replace(template, eos_token_id=pair.target.eos_token_ids)
         if wm is not None:
-            kwargs["watermark"] = wm
             log(f"[watermark: {wm!r}, salt {wm.salt_for(seed)} for seed {seed}]")
         if lines is not None:
             run_prompts_file(
                 pair,
                 lines,
-                kwargs,
+                template,
                 path=str(prompts_file),
                 chat=chat,
                 batch_size=batch_size or 8,
@@ -279,16 +288,48 @@ def generate(
                 log=log,
             )
             return
-        out_obj = _generate_one(
-            pair, prompt, kwargs, tree, chat=chat, compare=compare, as_json=as_json
-        )
-        out_obj.update(
-            margins_after_run(pair, out_obj.pop("_ids"), out_obj["tokens"], kwargs, identity, log)
-        )
+        request = replace(template, prompt=_encode(pair.target.tokenizer, prompt, chat))
+        out_obj = _generate_one(pair, request, tree, compare=compare, as_json=as_json)
+        out_obj.update(margins_after_run(pair, request, out_obj["tokens"], identity, log))
     except ErsdError as exc:
-        raise click.ClickException(str(exc)) from None
+        message = str(exc)
+        if exc.param == "race_scheme":  # the library names the keyword; say the flag too
+            message = f"--race-scheme {race_scheme}: {message}"
+        raise click.ClickException(message) from None
     if as_json:
         click.echo(json.dumps(out_obj))
+
+
+def _request_template(
+    *,
+    method: Any,
+    tree: str,
+    has_draft: bool,
+    watermark: Any,
+    **fields: Any,
+) -> Request:
+    """The :class:`ersd.request.Request` of the command's options, checked before any model
+    loads: every prompt's request is this one with its token ids (and, from a prompts file, its
+    seed and length), made by ``dataclasses.replace``, which checks again.  Its prompt is a
+    placeholder until then.  ``tree`` is parsed even without a draft (a typo is an error), and
+    carried only with one (target-only sampling checks no tree against the method)."""
+    from ersd.auto import CurveCache, sharing
+    from ersd.request import Request
+    from ersd.tree_spec import parse_tree_spec
+
+    # every tree kind parses once, at the request's temperature (ersd.tree_spec): fixed
+    # shapes, optimal:K@FILE, auto (chosen per step) and dynamic:K[@D] (grown per step)
+    shape = parse_tree_spec(tree, temperature=fields["temperature"])
+    if shape.auto is not None:  # the warm-up's measured cost curves serve the real run
+        shape = replace(shape, auto=sharing(shape.auto, CurveCache()))
+    placeholder = [0]
+    return Request.of(
+        placeholder,
+        method=method,
+        tree=shape if has_draft else None,
+        watermark=watermark,
+        **fields,
+    )
 
 
 def ersd_method(method: str, draft_sharpness: float) -> Any:
@@ -306,45 +347,25 @@ def ersd_method(method: str, draft_sharpness: float) -> Any:
 
 
 def _generate_one(
-    pair: Any,
-    prompt: str,
-    kwargs: dict[str, Any],
-    tree: str,
-    *,
-    chat: bool,
-    compare: bool,
-    as_json: bool,
+    pair: Any, request: Request, tree: str, *, compare: bool, as_json: bool
 ) -> dict[str, Any]:
-    """One prompt, streamed (unless ``as_json``); returns the --json object."""
-    import ersd
+    """One prompt's ``request``, streamed (unless ``as_json``); returns the --json object
+    (``tree``: the spec as the user wrote it, for the statistics header)."""
+    from ersd.generation import generate_request
 
     tmodel, dmodel = pair.target, pair.draft
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    ids = _encode(tmodel.tokenizer, prompt, chat)
     # warm-up: first forwards pay one-time costs (kernels, allocator); keep them out of timings
-    warm = dict(kwargs, max_new_tokens=2)
-    ersd.generate(tmodel, dmodel, ids, **warm)
+    warm = replace(request, max_new_tokens=2)
+    generate_request(tmodel, dmodel, warm)
     if compare and dmodel is not None:
-        ersd.generate(tmodel, None, ids, **warm)
+        generate_request(tmodel, None, warm)
 
     streamer = _Streamer(tmodel.tokenizer, enabled=not as_json)
-    t1 = time.perf_counter()
-    steps = []
-    for rec in ersd.generate_stream(tmodel, dmodel, ids, **kwargs):
-        steps.append(rec)
-        streamer.add(rec.tokens)
-    wall = time.perf_counter() - t1
-    shape = kwargs["tree"]
-    res = ersd.GenerationResult.from_steps(
-        steps,
-        method=kwargs["method"],
-        tree=shape if dmodel is not None else None,
-        eos_token_id=kwargs["eos_token_id"],
-        wall_time=wall,
-    )
+    res = generate_request(tmodel, dmodel, request, on_step=lambda rec: streamer.add(rec.tokens))
     text = tmodel.tokenizer.decode(res.tokens, skip_special_tokens=True)
     out: dict[str, Any] = {"text": text, **res.stats(), "tokens": res.tokens}
-    wm = kwargs.get("watermark")
+    wm = request.watermark
     if wm is not None:  # which key (by fingerprint, never the key) and salt marked the text
         out["watermark"] = {
             "scheme": wm.scheme,
@@ -352,28 +373,28 @@ def _generate_one(
             "num_salts": wm.num_salts,
             "key_fingerprint": wm.fingerprint,
             "context_width": wm.context_width,
-            "salt": wm.salt_for(kwargs["seed"]),
+            "salt": wm.salt_for(request.seed),
         }
     if not as_json:
         click.echo("")
         label = f"{out['method']} {tree}" if dmodel is not None else "target-only"
         click.echo(
-            f"\n--- statistics ({label}, T={kwargs['temperature']}, seed {kwargs['seed']}) ---"
+            f"\n--- statistics ({label}, T={request.sampling.temperature}, seed {request.seed}"
+            + (f", race scheme {request.race_scheme}" if request.race_scheme != "v1" else "")
+            + ") ---"
         )
-        click.echo(_stats_block(res, wall))
+        click.echo(_stats_block(res))
     if compare and dmodel is not None:
-        out.update(_compare(pair, ids, kwargs, res, log))
-    out["_ids"] = ids
+        out.update(_compare(pair, request, res, log))
     return out
 
 
-def _compare(
-    pair: Any, ids: list[int], kwargs: dict[str, Any], res: Any, log: Any
-) -> dict[str, Any]:
-    """--compare: target-only sampling with the same seed and settings, and the speedup."""
-    import ersd
+def _compare(pair: Any, request: Request, res: Any, log: Any) -> dict[str, Any]:
+    """--compare: target-only sampling of the same request (same seed and settings), and the
+    speedup."""
+    from ersd.generation import generate_request
 
-    base = ersd.generate(pair.target, None, ids, **kwargs)
+    base = generate_request(pair.target, None, request)
     speedup = res.tokens_per_second / base.tokens_per_second
     identical = base.tokens == res.tokens
     log("\n--- compare: target-only sampling, same seed and settings ---")

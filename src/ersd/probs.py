@@ -102,3 +102,19 @@ def logits_to_probs(
     else:
         total = probs.sum(dim=-1, keepdim=True)
     return probs / total
+
+
+def plain_temperature(params: SamplingParams, vocab_size: int) -> float | None:
+    """``T`` when :func:`logits_to_probs` is exactly ``softmax(logits / T)`` for ``params`` over
+    ``vocab_size`` tokens (no top-k below the vocabulary, no top-p, no min-p, not greedy); else
+    None.  Then the race winner is invariant to the normaliser
+    (:func:`ersd.race_v2.v2_winner_from_logits`)."""
+    if params.greedy:
+        return None
+    if params.top_k is not None and params.top_k < vocab_size:
+        return None
+    if params.top_p is not None and params.top_p < 1.0:
+        return None
+    if params.min_p is not None and params.min_p > 0:
+        return None
+    return float(params.temperature)

@@ -57,6 +57,7 @@ from ersd.race_v2 import (  # noqa: F401 -- the v2 names stay importable from er
     v2_race_winner,
     v2_seed,
     v2_uniforms,
+    v2_winner_from_logits,
     v2_words,
 )
 
@@ -209,6 +210,18 @@ class RaceNoise:
             return race_winner(probs, self._row_for(key, stream, probs.device))
         race = self.lazy_race(key, stream)
         return v2_race_winner(race, p, race.bounds(probs, p))
+
+    def winner_from_logits(
+        self, key: int, logits: torch.Tensor, temperature: float, stream: int = STREAM_RACE
+    ) -> int | None:
+        """:meth:`winner` over ``softmax(logits / temperature)`` (float64, as
+        :func:`ersd.probs.logits_to_probs` computes it without top-k, top-p or min-p) found from
+        the logits, without the probabilities: under v2 on the CPU only
+        (:func:`ersd.race_v2.v2_winner_from_logits`).  None where it does not apply or rounding
+        could decide the race: the caller then computes the probabilities (the same token)."""
+        if not self.lazy() or logits.device.type != "cpu" or logits.dim() != 1:
+            return None
+        return v2_winner_from_logits(self.lazy_race(key, stream), logits, temperature)
 
     def ranking(
         self, key: int, probs: torch.Tensor, m: int, stream: int = STREAM_RACE

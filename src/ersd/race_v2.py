@@ -220,16 +220,22 @@ class V2Race:
         self._bounds = (weakref.ref(probs), probs._version, bound)
         return bound
 
-    def scores(self, blocks: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, E / p)`` over the tokens of ``blocks`` (ascending), ids ascending."""
+    def block_exponentials(self, blocks: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, E)`` over the tokens of ``blocks`` (ascending) below ``v``, ids ascending;
+        the blocks not drawn yet are drawn (and kept)."""
         todo = blocks[~self._done[blocks]]
         if todo.size:
             tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
             self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, self.minima)
             self._done[todo] = True
-        ids = _ids_of(blocks, p.shape[0])
+        ids = _ids_of(blocks, v)
+        return ids, self._e[ids]
+
+    def scores(self, blocks: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, E / p)`` over the tokens of ``blocks`` (ascending), ids ascending."""
+        ids, e = self.block_exponentials(blocks, p.shape[0])
         with np.errstate(divide="ignore"):
-            return ids, self._e[ids] / p[ids]
+            return ids, e / p[ids]
 
     def exponential(self, token: int) -> float:
         """``E`` of one token (drawn alone if its block is not drawn yet)."""
@@ -289,6 +295,9 @@ def v2_race_ranking(
     """``race_ranking``'s ``m`` best tokens (score, then id; zero weights never) of the v2 race,
     from the blocks that can hold them (:func:`_best_blocks`)."""
     ids, sc = _best_blocks(race, p, m, bound)
+    if m == 1:  # a chain's node: the first minimum (ids ascending: the lowest id on ties)
+        j = int(sc.argmin())
+        return [int(ids[j])] if math.isfinite(sc[j]) else []
     keep = np.isfinite(sc)
     ids, sc = ids[keep], sc[keep]
     best = np.lexsort((ids, sc))[:m]
@@ -307,3 +316,103 @@ def v2_race_rank(race: V2Race, p: np.ndarray, token: int, bound: np.ndarray | No
         bound = _block_bounds(p, race.minima[0])
     _, sc = race.scores(np.flatnonzero(bound < s), p)
     return int(np.count_nonzero(sc < s)) + 1
+
+
+# --- the target's winner from its logits, without the float64 probabilities -------------------
+#
+# ERSD's target token is ``argmin_j E_j / p_j`` with ``p = softmax(x / T)`` in float64
+# (:func:`ersd.probs.logits_to_probs`): a whole-row float64 exp, sum and scaling per context,
+# ~0.4 ms on a 152k vocabulary.  The race is invariant to scaling ``p``, so the winner is
+# ``argmin_j E_j / w_j`` with ``w_j = exp(x_j / T - max / T)``, the normaliser ``S = sum w``
+# dropped -- up to rounding: the reference's score is ``S (E_j / w_j) (1 + eta_j)``, where
+# ``eta_j`` gathers the two exps' errors (torch's vectorised float64 exp and NumPy's, each within a
+# few ulps), the scaling by ``S`` and the divisions: |eta_j| < 2^-46 for every token whose
+# reference probability is a normal float64.  The exps' arguments ``d = x / T - max / T`` are the
+# same float64 operations here; were they an ulp apart, that would add |d| 2^-53 < 2^-43 (|d| <
+# 745, else the exp is 0 or subnormal, which the guards handle), still far inside the gap.
+# :func:`v2_winner_from_logits` finds the winner over ``w`` from the blocks that can hold it (the
+# bounds ``M_b / exp(max_b x / T - max / T)`` from each block's largest logit: ``exp`` and the
+# division are monotone, so no token of a block scores below its bound by more than the same
+# rounding) and answers only when every other token's score, and every block not drawn, is above
+# the winner's by a relative gap of LOGIT_GAP = 2^-36 (> 2 |eta| by far), and no token's
+# reference probability can be subnormal and win (guards below).  Otherwise it answers None and
+# the caller computes the float64 probabilities (:func:`v2_race_winner`): the same token always.
+
+#: the relative gap by which the logits-space winner must beat every other token (and every
+#: block not drawn) for :func:`v2_winner_from_logits` to answer; within it the caller falls back
+#: to the float64 probabilities (a near-tie: probability ~1e-10 a context)
+LOGIT_GAP = 2.0**-36
+_MIN_WINNER_WEIGHT = 2.0**-900  # the winner's w: its reference probability is then normal
+_SUBNORMAL = 2.0**-1022  # below it a reference probability loses relative precision
+
+
+def logit_block_max(logits: torch.Tensor) -> np.ndarray:
+    """Each block's largest logit (float64) of a 1-D CPU row of any float dtype (a maximum is
+    exact in its own dtype, and every float dtype widens to float64 exactly)."""
+    v = logits.shape[0]
+    full = v - v % V2_BLOCK
+    out = np.empty(-(-v // V2_BLOCK))
+    if full:
+        top = logits[:full].reshape(-1, V2_BLOCK).amax(1)
+        out[: full // V2_BLOCK] = top.to(torch.float64).numpy()
+    if full < v:
+        out[-1] = float(logits[full:].max())
+    return out
+
+
+def _host_logits(logits: torch.Tensor) -> np.ndarray:
+    """A NumPy view (float32 / float64) or exact float32 copy (bfloat16, float16) of a row."""
+    if logits.dtype in (torch.float32, torch.float64):
+        return logits.numpy()
+    return logits.to(torch.float32).numpy()
+
+
+def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float) -> int | None:
+    """The winner of ``race`` over ``p = softmax(logits / temperature)`` as
+    :func:`ersd.probs.logits_to_probs` computes it in float64 (no top-k, top-p or min-p), found
+    from the logits without ``p``: the token :func:`v2_race_winner` picks on ``p``, or None when
+    that cannot be shown within rounding (the block comment above); ``logits``: a 1-D CPU row."""
+    t = float(temperature)
+    logits = logits.detach()
+    v = logits.shape[0]
+    bm = logit_block_max(logits)
+    if t != 1.0:
+        bm = bm / t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
+    mx = float(bm.max())
+    if not math.isfinite(mx):
+        return None  # NaN or +inf logits: the reference path says what is wrong
+    with np.errstate(divide="ignore", under="ignore"):
+        bound = race.minima[0] / np.exp(bm - mx)
+    x = _host_logits(logits)
+    n_blocks = bound.size
+    n = 4
+    while True:
+        if n >= n_blocks:
+            blocks, beyond = np.arange(n_blocks), math.inf
+        else:
+            part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
+            blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
+        ids, e = race.block_exponentials(blocks, v)
+        d = x[ids].astype(np.float64)
+        if t != 1.0:
+            d /= t
+        d -= mx
+        with np.errstate(divide="ignore", under="ignore"):
+            sc = e / np.exp(d)
+        j = int(sc.argmin())
+        best = float(sc[j])
+        if not math.isfinite(best):
+            return None
+        limit = best * (1.0 + LOGIT_GAP)
+        if beyond > limit:
+            break
+        n *= 4
+    if sc.size > 1 and float(np.partition(sc, 1)[1]) <= limit:
+        return None  # a near-tie among the drawn tokens: rounding could decide it
+    if math.exp(float(d[j])) < _MIN_WINNER_WEIGHT:
+        return None  # the winner's reference probability might not be a normal float
+    # a token whose reference probability is subnormal scores above M_min / 2^-1022, and the
+    # winner's reference score is at most S best (1 + eta) with S <= v: it cannot win when
+    if float(race.minima[0].min()) / _SUBNORMAL <= 2.0 * v * best:
+        return None
+    return int(ids[j])

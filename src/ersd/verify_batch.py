@@ -41,8 +41,13 @@ import torch
 from ersd.methods import DraftTree, Method, TreeVerification
 from ersd.methods.base import Method as _Method
 from ersd.methods.ersd import ERSD
-from ersd.probs import SamplingParams, logits_to_probs
+from ersd.probs import SamplingParams, logits_to_probs, plain_temperature
 from ersd.race import STREAM_RACE, RaceNoise
+
+#: find the target's v2 race winners from its logits where the sampling is temperature only
+#: (:func:`ersd.race_v2.v2_winner_from_logits`); False: from float64 probabilities (the
+#: reference path the tests and ``research/profile_batch.py`` compare with; the same tokens)
+FROM_LOGITS = True
 
 
 def batches(rule: Method) -> bool:
@@ -208,13 +213,13 @@ def _verify_levels(
             rows = [i for i in idx if i in live]
             if not rows:
                 continue
-            p = _probs([logits[i][ctx[i]] for i in rows], params[rows[0]])
             noise = noises[rows[0]]
             keys = [trees[i].keys[ctx[i]] for i in rows]
+            e = None
             if noise.lazy():  # race scheme v2: only the blocks that can win, row by row
-                e = None
-                w = [noise.winner(k, p[r]) for r, k in enumerate(keys)]
+                w = _lazy_winners(noise, params[rows[0]], keys, [logits[i][ctx[i]] for i in rows])
             else:
+                p = _probs([logits[i][ctx[i]] for i in rows], params[rows[0]])
                 e = torch.stack([noise.exponentials(k) for k in keys])
                 w = (e / p).numpy().argmin(axis=1)  # NumPy's first minimum, as race_winner
             for r, i in enumerate(rows):
@@ -243,6 +248,20 @@ def _verify_levels(
         out.append(
             TreeVerification(accepted=accepted[i], next_token=last, tokens=toks, ranks=got[i])
         )
+    return out
+
+
+def _lazy_winners(
+    noise: RaceNoise, params: SamplingParams, keys: list[int], rows: list[torch.Tensor]
+) -> list[int]:
+    """The v2 race winners of the target at one level: from the logits where the sampling is
+    temperature only (:meth:`RaceNoise.winner_from_logits`, no float64 probabilities), else (or
+    where rounding could decide) from each row's own ``logits_to_probs``: the same tokens."""
+    t = plain_temperature(params, noise.vocab_size) if FROM_LOGITS else None
+    out: list[int] = []
+    for key, row in zip(keys, rows, strict=True):
+        y = noise.winner_from_logits(key, row, t) if t is not None else None
+        out.append(y if y is not None else noise.winner(key, logits_to_probs(row, params)))
     return out
 
 

@@ -307,3 +307,45 @@ def test_a_rebuilt_row_continues_exactly_watermark_included(watermarked: bool) -
     # sees the same windows with or without ``resumed``; the contrast that checked ``resumed``
     # mattered is gone with the prompt-blind windows it guarded -- a broken continuation, e.g.
     # one that drops or repeats a delivered token, still fails the equality above)
+
+
+def test_calls_run_on_the_loop_thread_between_steps() -> None:
+    """:meth:`ServingLoop.call` (the model-weighted detector's forward): the function runs on
+    the loop's own thread, never inside a step; its result or exception reaches the caller; the
+    rows stepping meanwhile are untouched; after close it is refused with ShuttingDownError."""
+    from ersd.request import Request
+    from ersd.serve.engine import Job, ServingLoop, ShuttingDownError
+
+    target, draft = _models()
+    loop = ServingLoop(target, draft, max_batch_size=2)
+    loop.start()
+    try:
+        done = threading.Event()
+        events: list[object] = []
+
+        def deliver(ev: object) -> None:
+            events.append(ev)
+            if getattr(ev, "finish_reason", None) or not hasattr(ev, "tokens"):
+                done.set()
+
+        loop.submit([Job(Request([5, 6, 7], 24, seed=3, tree="chain:2"), deliver)])
+        seen: list[tuple[str, bool]] = []
+
+        def probe() -> str:
+            seen.append((threading.current_thread().name, bool(loop._stepping)))
+            return "ran"
+
+        assert loop.call(probe).result(timeout=30) == "ran"
+        assert seen == [("ersd-engine", False)]  # the loop's thread, between two steps
+
+        def fails() -> None:
+            raise ValueError("bad input")
+
+        with pytest.raises(ValueError, match="bad input"):
+            loop.call(fails).result(timeout=30)
+        assert done.wait(30)
+        assert getattr(events[-1], "finish_reason", None) is not None  # the row finished fine
+    finally:
+        loop.close(timeout=5)
+    with pytest.raises(ShuttingDownError):
+        loop.call(probe)

@@ -252,6 +252,12 @@ def test_policies_and_bad_detection_requests(marked: Server, plain: Server) -> N
             c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
         assert "temperature" in err.value.body["message"]
         SEEN.append(json.dumps(err.value.body))
+        with pytest.raises(openai.BadRequestError) as err:  # the key's PRF draws the races
+            c.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"race_scheme": "v2"}
+            )
+        assert err.value.body["param"] == "race_scheme"
+        assert "this server watermarks every response" in err.value.body["message"]
         for method in ("sd", "sd-dual-key"):  # not every token is the keyed race's winner
             with pytest.raises(openai.BadRequestError) as err:
                 c.completions.create(
@@ -278,6 +284,105 @@ def test_policies_and_bad_detection_requests(marked: Server, plain: Server) -> N
             model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"watermark": True}
         )
     assert err.value.body["param"] == "watermark"
+
+
+@pytest.fixture(scope="module")
+def smol() -> Any:
+    import ersd
+
+    return ersd.load_model(MODEL, dtype="float32")
+
+
+def _weighted(server: Server, body: dict[str, Any]) -> dict[str, Any]:
+    status, found, _ = server.post("/v1/watermark/detect", body)
+    SEEN.append(json.dumps(found))
+    assert status == 200, found
+    return found
+
+
+def test_detection_with_the_servers_model(
+    marked: Server, key_file: Path, tokenizer: Any, smol: Any
+) -> None:
+    """``"model": true``: the model-weighted detector on the server's own target, exactly
+    :func:`detect_with_model`'s answer on the same ids (with the prompt, or the chat messages,
+    rendered as the server renders them); a short predictable text is "not enough signal"."""
+    from ersd.serve.text import chat_ids
+    from ersd.watermark.weighted import detect_with_model
+
+    wm = load_watermark(key_file)
+    out, _ = _completion(marked, prompt=PROMPT, seed=SEED, max_tokens=48, temperature=0.7)
+    text = out.choices[0].text
+    ids = encode_text(tokenizer, text)
+    prompt = smol.tokenizer.encode(PROMPT)
+    body = {"text": text, "model": True, "prompt": PROMPT, "temperature": 0.7}
+    found = _weighted(marked, body)
+    local = detect_with_model(
+        ids, wm, smol, temperature=0.7, prompt=prompt, threshold=1e-3, vocab_size=smol.vocab_size
+    )
+    assert found["detector"] == "model-weighted" and found["verdict"] == "watermarked", found
+    assert found["watermarked"] and found["p_value"] < 1e-6
+    assert found["p_value"] == pytest.approx(local.p_value, rel=1e-6, abs=1e-300)
+    assert found["expected_power"] == pytest.approx(local.expected_power, rel=1e-6)
+    assert found["num_weighted_tokens"] == local.weighted > 0
+    assert found["num_tokens"] == len(ids) and found["temperature"] == 0.7
+    free = detect(ids, wm)
+    assert found["model_free_p_value"] == pytest.approx(free.p_value, rel=1e-9, abs=1e-300)
+    assert found["num_skipped_tokens"] == free.skipped
+    # the served model's name means the same; token ids the same as the text
+    named = _weighted(marked, {**body, "model": MODEL})
+    assert named["p_value"] == found["p_value"]
+    as_ids = _weighted(
+        marked, {"token_ids": ids, "model": True, "prompt": prompt, "temperature": 0.7}
+    )
+    assert as_ids["p_value"] == found["p_value"]
+    # without a prompt: weighted over the text alone (its first token has no probability)
+    alone = _weighted(marked, {"text": text, "model": True, "temperature": 0.7})
+    bare = detect_with_model(ids, wm, smol, temperature=0.7, threshold=1e-3)
+    assert alone["p_value"] == pytest.approx(bare.p_value, rel=1e-6, abs=1e-300)
+    assert alone["p_value"] != found["p_value"]  # the prompt reached the forward
+    # chat messages are rendered with the chat template, as /v1/chat/completions renders them
+    msgs = [{"role": "user", "content": PROMPT}]
+    chat = _weighted(marked, {"text": text, "model": True, "messages": msgs, "temperature": 0.7})
+    rendered = detect_with_model(
+        ids, wm, smol, temperature=0.7, prompt=chat_ids(smol.tokenizer, msgs), threshold=1e-3
+    )
+    assert chat["p_value"] == pytest.approx(rendered.p_value, rel=1e-6, abs=1e-300)
+    # the model-free answer is unchanged and says so
+    free_found = _weighted(marked, {"text": text})
+    assert free_found["detector"] == "model-free" and free_found["verdict"] == "watermarked"
+    assert free_found["num_weighted_tokens"] is None and free_found["expected_power"] is None
+
+    # a short, near-deterministic human text: the model cannot tell, and says so
+    counting = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
+    low = _weighted(marked, {"text": counting, "model": True, "prompt": "Count: "})
+    again = detect_with_model(
+        encode_text(tokenizer, counting), wm, smol, prompt=smol.tokenizer.encode("Count: "),
+        threshold=1e-3,
+    )  # fmt: skip
+    assert low["verdict"] == again.verdict == "not enough signal", low
+    assert not low["watermarked"] and low["expected_power"] < 0.9
+
+
+def test_detection_with_the_model_refusals(marked: Server, plain: Server) -> None:
+    text = "The lighthouse keeper counted the ships that passed in the night, one by one."
+    for body, status, param, words in [
+        ({"text": text, "model": "gpt-4"}, 404, "model", "'smollm2-135m'"),
+        ({"text": text, "temperature": 0.7}, 400, "temperature", '"model": true'),
+        ({"text": text, "model": True, "temperature": 0}, 400, "temperature", "greater than 0"),
+        ({"text": text, "model": True, "prompt": "a", "messages": [{"role": "user"}]}, 400,
+         None, "at most one of prompt and messages"),
+        ({"text": "Hi", "model": True}, 400, "text", "too short"),
+        ({"text": text, "model": True, "prompt": [10**9]}, 400, "prompt", "prompt"),
+        ({"text": text, "model": 1}, 400, "model", ""),
+    ]:  # fmt: skip
+        code, found, _ = marked.post("/v1/watermark/detect", body)
+        SEEN.append(json.dumps(found))
+        assert code == status, (body, found)
+        err = found["error"]
+        assert err["param"] == param and words in err["message"], (body, err)
+        assert "\n" not in err["message"]
+    code, found, _ = plain.post("/v1/watermark/detect", {"text": text, "model": True})
+    assert code == 404 and "--watermark-key-file" in found["error"]["message"]
 
 
 def test_an_unwatermarked_servers_text_is_not_detected(

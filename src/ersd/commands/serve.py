@@ -13,6 +13,11 @@ from ersd.commands._loading import ModelArgs, load_pair, model_options
 from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETECT_TOKENS
 from ersd.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
 
+#: ``--race-scheme``'s choices (:data:`ersd.race.RACE_SCHEMES`, whose module imports torch; a
+#: test keeps the two equal) and the default, v1
+RACE_SCHEMES = ("v1", "v2")
+DEFAULT_RACE_SCHEME = "v1"
+
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
@@ -45,6 +50,15 @@ def is_loopback(host: str) -> bool:
         "Default draft tree (chain:K, multi:MxL, batch:K, binary:K, optimal:K@FILE, or auto / "
         "auto@FILE: chosen per step by predicted throughput at the live batch size)."
     ),
+)
+@click.option(
+    "--race-scheme",
+    type=click.Choice(RACE_SCHEMES),
+    default=DEFAULT_RACE_SCHEME,
+    show_default=True,
+    help="How races are drawn when a request names no race_scheme (docs/race-schemes.md): v1 "
+    "(every earlier text) or v2 (the faster blocked race; other texts). Unwatermarked "
+    "responses only.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True)
@@ -174,6 +188,7 @@ def serve(
     models: ModelArgs,
     method: str,
     tree: str,
+    race_scheme: str,
     host: str,
     port: int,
     served_model_name: str | None,
@@ -218,6 +233,16 @@ def serve(
         ):
             raise click.UsageError(
                 "--watermark-context and --allow-watermark-opt-out go with --watermark-key-file"
+            )
+        if (
+            watermark_key_file is not None
+            and not allow_watermark_opt_out
+            and race_scheme != DEFAULT_RACE_SCHEME
+        ):
+            raise click.UsageError(
+                f"--race-scheme {race_scheme} applies to unwatermarked responses only, and with "
+                "--watermark-key-file every response is watermarked (its races are the key's "
+                f"PRF); drop --race-scheme (or add --allow-watermark-opt-out)"
             )
         # the key is read once, before the models load (a bad or readable key file fails fast)
         watermark = (
@@ -267,6 +292,7 @@ def serve(
         max_detect_tokens=max_detect_tokens,
         detect_concurrency=detect_concurrency,
         detect_wait=detect_wait,
+        race_scheme=race_scheme,
     )
     if watermark is not None:  # its fingerprint and settings, never the key
         logging.getLogger("ersd.serve").info(

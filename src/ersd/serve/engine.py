@@ -12,6 +12,12 @@ tokens it already delivered (race keys depend only on the seed and the context, 
 row continues with exactly the tokens the old one would have produced) and stepped once alone;
 a row that fails alone gets an error, the others rejoin the batch.  One bad request never stops
 the others or the loop.
+
+Work that needs the served models outside the batch (the model-weighted watermark detector's
+forward over a text) is handed to the loop with :meth:`ServingLoop.call` and runs on the loop's
+thread between two steps: a model is never run by two threads at once (a llama.cpp context, the
+HF adapter's caches and the progress hooks assume one), and the forward gets the main thread's
+speed under ``ersd serve``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -139,6 +146,7 @@ class ServingLoop:
         self.on_step = on_step  # metrics hook: (records of a step, its seconds)
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # see call()
         self._running: dict[int, Job] = {}  # engine row id -> job (loop thread only)
         self._closing = False
         self._stop = False
@@ -200,6 +208,32 @@ class ServingLoop:
             self._pending.extend(jobs)
             self._cond.notify()
 
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn()`` on the loop's thread between two steps (module doc); the future holds
+        its result or its exception.  Raises :class:`ShuttingDownError` once closing."""
+        future: Future[Any] = Future()
+        with self._cond:
+            if self._closing:
+                raise ShuttingDownError("the server is shutting down; retry on another instance")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def _run_calls(self) -> None:
+        """The calls handed in by :meth:`call` (loop thread, between steps)."""
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # handed to the caller, never kills the loop
+                future.set_exception(exc)
+            self.heartbeat = time.monotonic()
+
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Drop jobs (finished by a stop string, or their client left); rows free at the next
         step."""
@@ -229,6 +263,11 @@ class ServingLoop:
                 time.sleep(0.02)
         for job in list(self._pending) + list(self._running.values()):
             self._fail(job, "the server shut down before this request finished", 503)
+        with self._cond:
+            calls, self._calls = list(self._calls), deque()
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ShuttingDownError("the server shut down before this ran"))
         self._pending.clear()
         self._running.clear()
         for hook in self._hooks:
@@ -283,7 +322,7 @@ class ServingLoop:
         while True:
             self.heartbeat = time.monotonic()
             with self._cond:
-                while not (self._stop or self._pending or self._running):
+                while not (self._stop or self._pending or self._running or self._calls):
                     if keep_going is not None and not keep_going():
                         return
                     self._cond.wait(timeout=0.5 if keep_going is not None else None)
@@ -295,6 +334,7 @@ class ServingLoop:
                 while self._pending and len(self._running) + len(admit) < self.max_batch_size:
                     admit.append(self._pending.popleft())
             try:
+                self._run_calls()
                 for rid, job in list(self._running.items()):
                     if job.cancelled:
                         self.engine.cancel(rid)

@@ -1,7 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic models).
 
 Standard fields follow the OpenAI API; ERSD's own knobs are extra body fields (``method``,
-``tree``, ``top_k``, ``min_p``; with the ``openai`` client pass them in ``extra_body``).
+``tree``, ``top_k``, ``min_p``, ``race_scheme``; with the ``openai`` client pass them in
+``extra_body``).
 Types are strict (a number is a JSON number: ``"temperature": "0.7"`` or ``true`` is a 400, not
 coerced). Fields OpenAI defines but ERSD does not implement are accepted only at their neutral
 value, so a request never silently means something else. Responses carry the usual ``usage`` and an
@@ -58,6 +59,9 @@ class _Request(BaseModel):
     min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     #: False: no watermark on this response (only where the operator allows opting out)
     watermark: StrictBool | None = None
+    #: how the races are drawn (docs/race-schemes.md): "v1" or "v2"; None: the server's
+    #: ``--race-scheme``.  A watermarked response races on the key's PRF (v2 is refused there)
+    race_scheme: str | None = None
     # OpenAI fields accepted only at their neutral value (see unsupported())
     frequency_penalty: StrictFloat | None = None
     presence_penalty: StrictFloat | None = None
@@ -183,6 +187,8 @@ class ErsdInfo(BaseModel):
 
     method: str
     tree: str | None
+    #: the race scheme the choices were drawn with (a text reproduces only under its own)
+    race_scheme: str
     target_calls: int
     num_draft_tokens: int
     num_accepted_tokens: int
@@ -269,7 +275,13 @@ class ModelList(BaseModel):
 
 
 class DetectRequest(BaseModel):
-    """``POST /v1/watermark/detect``: a generated text, or its token ids, to score."""
+    """``POST /v1/watermark/detect``: a generated text, or its token ids, to score.
+
+    ``model``: ``true`` (or the served model's name) weights each token by the served target's
+    probability of it -- the model-weighted detector (docs/watermark-detection.md), with the
+    verdict *not enough signal* for a text too short or too predictable to tell; ``prompt`` or
+    ``messages``: what the text answered (a completions prompt, or chat messages rendered with
+    the chat template), when known; ``temperature``: the generation's (with ``model``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -277,6 +289,28 @@ class DetectRequest(BaseModel):
     token_ids: list[StrictInt] | None = None
     #: the sample's salt when known (a response's ``ersd.choices[i].salt``): no correction
     salt: StrictInt | None = Field(default=None, ge=0)
+    model: StrictBool | str | None = None
+    prompt: str | list[StrictInt] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    temperature: StrictFloat | None = Field(default=None, gt=0.0)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> Any:
+        if v is None or isinstance(v, bool | str):
+            return v
+        raise ValueError(
+            "model must be true (weight by the served model), false, or the served model's name"
+        )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list) and all(type(t) is int for t in v):
+            return v
+        raise ValueError("prompt must be a string, or a list of token ids")
 
     def source(self) -> tuple[str, str | list[int]]:
         """``("text", str)`` or ``("token_ids", ids)``; raises ValueError unless exactly one."""
@@ -289,9 +323,15 @@ class DetectRequest(BaseModel):
 
 
 class Detection(BaseModel):
-    """The detector's answer (:func:`ersd.watermark.detect`)."""
+    """The detector's answer (:func:`ersd.watermark.detect`, or with ``model``
+    :func:`ersd.watermark.weighted.detect_with_model`)."""
 
     object: Literal["watermark.detection"] = "watermark.detection"
+    #: "model-free", or "model-weighted" (the request's ``model``)
+    detector: Literal["model-free", "model-weighted"] = "model-free"
+    #: "watermarked", "not watermarked", or (model-weighted) "not enough signal": the text could
+    #: not have been told apart even had it been watermarked (expected power below 0.9)
+    verdict: str
     watermarked: bool  # p_value <= threshold
     p_value: float
     threshold: float
@@ -302,6 +342,13 @@ class Detection(BaseModel):
     salt: int
     salts_tried: int
     watermark: WatermarkInfo
+    #: model-weighted only: positions with a weight kept, the chance this text would have been
+    #: detected had it been watermarked, the temperature of the weights, and the model-free
+    #: detector's p-value on the same tokens
+    num_weighted_tokens: int | None = None
+    expected_power: float | None = None
+    temperature: float | None = None
+    model_free_p_value: float | None = None
 
 
 class ErrorDetail(BaseModel):

@@ -28,6 +28,7 @@ from ersd.batch import derive_seed
 from ersd.errors import ErsdError
 from ersd.methods.catalog import race_winners_only
 from ersd.probs import SamplingParams
+from ersd.race import DEFAULT_RACE_SCHEME, check_race_scheme
 from ersd.request import Request
 from ersd.serve import protocol as P
 from ersd.serve.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETECT_TOKENS
@@ -89,6 +90,22 @@ class ServeConfig:
     #: detections that may run at once; more wait up to ``detect_wait`` seconds, then HTTP 429
     detect_concurrency: int = 1
     detect_wait: float = 2.0
+    #: the race scheme of a request that names none (docs/race-schemes.md; ``--race-scheme``);
+    #: a watermarked response always races on the key's PRF
+    race_scheme: str = DEFAULT_RACE_SCHEME
+
+    def __post_init__(self) -> None:
+        check_race_scheme(self.race_scheme)  # ValueError naming the schemes
+        if (
+            self.watermark is not None
+            and not self.watermark_opt_out
+            and self.race_scheme != DEFAULT_RACE_SCHEME
+        ):
+            raise ValueError(
+                f"race_scheme={self.race_scheme!r} applies to unwatermarked responses only, and "
+                "this server watermarks every response (its races are the key's PRF); leave "
+                f"the race scheme at {DEFAULT_RACE_SCHEME!r}, or allow opting out of the watermark"
+            )
 
 
 @dataclass
@@ -217,13 +234,14 @@ def plan_request(
             ),
             eos_token_id=list(getattr(target, "eos_token_ids", []) or []),
             watermark=watermark,
+            race_scheme=_race_scheme(body, watermark, config),
         )
         request.check_models(target, draft if tree is not None else None)
         _check_growable(request, target, draft)
     except ErsdError as exc:
         param = where if exc.param == "prompt" else exc.param or "request"
         hint = ""
-        if param == "watermark":
+        if param == "watermark" or (param == "race_scheme" and watermark is not None):
             hint = " (this server watermarks every response)"
         if param == "tree":
             hint = (
@@ -274,6 +292,18 @@ def _check_growable(request: Request, target: Any, draft: Any) -> None:
     from ersd.generation import as_drafter
 
     request.resolve(target, as_drafter(draft))  # builds the tree's drafter: no forward
+
+
+def _race_scheme(
+    body: P.CompletionRequest | P.ChatCompletionRequest, watermark: Any, config: ServeConfig
+) -> str:
+    """The request's race scheme: its own ``race_scheme``, else the server's
+    (``--race-scheme``), which applies only to unwatermarked responses (a watermarked one races
+    on the key's PRF, whose scheme is the key file's).  A scheme the request names itself is
+    checked by :class:`~ersd.request.Request` (unknown, or v2 with a watermark: a 400)."""
+    if body.race_scheme is not None:
+        return body.race_scheme
+    return DEFAULT_RACE_SCHEME if watermark is not None else config.race_scheme
 
 
 def _watermark(body: P.CompletionRequest | P.ChatCompletionRequest, config: ServeConfig) -> Any:

@@ -206,6 +206,7 @@ class _Call:
         info = P.ErsdInfo(
             method=self.plan.method,
             tree=res[0].tree,
+            race_scheme=self.plan.request.race_scheme,
             target_calls=calls,
             num_draft_tokens=drafted,
             num_accepted_tokens=accepted,

@@ -10,6 +10,16 @@ Detection is bounded so that no client can starve generation with it (issue 48):
   ``Retry-After``;
 * **off the event loop**: the body is parsed, tokenized and scored in a worker thread (only
   reading it happens on the loop), so streams, ``/health`` and the engine keep going.
+
+**With the model** (``"model": true``, or the served model's name): the model-weighted detector
+(:func:`ersd.watermark.weighted.detect_weighted`, docs/watermark-detection.md) weights each token
+by the served target's probability of it, after the request's ``prompt`` / ``messages`` when
+given, at its ``temperature`` (default 1).  The server's key was checked against the target's
+tokenizer at start-up, so the weights are the generator's own.  The one forward over the text
+(prompt included, within ``--max-detect-tokens`` and the context window) runs on the engine's
+thread between two steps (:meth:`~ersd.serve.engine.ServingLoop.call`), like one more prompt to
+prefill; the model-free detector runs first, so a text it refuses (too short, ids outside the
+vocabulary, a bad salt) never costs a forward.
 """
 
 from __future__ import annotations
@@ -23,10 +33,11 @@ from pydantic import ValidationError
 
 from ersd.errors import ErsdError
 from ersd.serve import protocol as P
+from ersd.serve.engine import ShuttingDownError
 from ersd.serve.metrics import Metrics
-from ersd.serve.requests import ApiError, ServeConfig
+from ersd.serve.requests import ApiError, ServeConfig, context_window
 from ersd.serve.respond import validation_error, watermark_info
-from ersd.serve.text import check_text
+from ersd.serve.text import chat_ids, check_text, prompt_ids
 from ersd.watermark.detect import detect, encode_text
 
 #: a text longer than this many characters per allowed token is refused before it is tokenized
@@ -82,9 +93,11 @@ def _too_many(kind: str, got: str, cap: int) -> ApiError:
     )
 
 
-def score(raw: bytes, target: Any, config: ServeConfig) -> tuple[Any, int]:
-    """Parse, tokenize and score one request body (in a worker thread): (the detection, the
-    number of tokens).  Raises :class:`ApiError` for a bad body or one over the token cap."""
+def score(raw: bytes, target: Any, config: ServeConfig, serving: Any = None) -> P.Detection:
+    """Parse, tokenize and score one request body (in a worker thread).  Raises
+    :class:`ApiError` for a bad body, one over the token cap, or a model-weighted request this
+    server cannot run; ``serving`` (the :class:`~ersd.serve.engine.ServingLoop`) runs the
+    model-weighted detector's forward."""
     try:
         body = P.DetectRequest.model_validate_json(raw)
     except ValidationError as exc:
@@ -93,6 +106,7 @@ def score(raw: bytes, target: Any, config: ServeConfig) -> tuple[Any, int]:
         kind, source = body.source()
     except ValueError as exc:
         raise ApiError(400, f"request body: {exc}") from None
+    weighted = _wants_model(body, config)
     cap = config.max_detect_tokens
     if kind == "text":
         text = check_text("text", str(source))
@@ -103,19 +117,184 @@ def score(raw: bytes, target: Any, config: ServeConfig) -> tuple[Any, int]:
         ids = [int(t) for t in source]
     if len(ids) > cap:
         raise _too_many(kind, f"{len(ids):,} tokens", cap)
-    assert config.watermark is not None
+    prompt = _prompt_ids(body, target)
+    if weighted and prompt is not None and len(prompt) + len(ids) > cap:
+        param = "messages" if body.messages is not None else "prompt"
+        raise _too_many(param, f"{len(prompt):,} prompt + {len(ids):,} text tokens", cap)
+    wm = config.watermark
+    assert wm is not None
+    info = watermark_info(wm)
+    assert info is not None
     try:
         found = detect(
             ids,
-            config.watermark,
+            wm,
             salt=body.salt,
             threshold=config.detect_threshold,
             vocab_size=target.vocab_size,
+            prompt=prompt,
         )
     except ErsdError as exc:  # too short, ids outside the vocabulary, a salt out of range
         param = "salt" if str(exc).startswith("salt") else kind
+        if exc.param == "prompt":
+            param = "messages" if body.messages is not None else "prompt"
         raise ApiError(400, f"{param}: {exc}", param=param) from None
-    return found, len(ids)
+    common: dict[str, Any] = {
+        "threshold": found.threshold,
+        "num_tokens": len(ids),
+        "num_scored_tokens": found.scored,
+        "num_skipped_tokens": found.skipped,
+        "salts_tried": found.salts_tried,
+        "watermark": info,
+    }
+    if not weighted:
+        return P.Detection(
+            verdict="watermarked" if found.watermarked else "not watermarked",
+            watermarked=found.watermarked,
+            p_value=found.p_value,
+            score=found.score,
+            salt=found.salt,
+            **common,
+        )
+    temperature = 1.0 if body.temperature is None else float(body.temperature)
+    where = kind if prompt is None else ("messages" if body.messages is not None else "prompt")
+    res = _weighted(ids, prompt, where, temperature, body.salt, target, config, serving)
+    return P.Detection(
+        detector="model-weighted",
+        verdict=res.verdict,
+        watermarked=res.watermarked,
+        p_value=res.p_value,
+        score=res.score,
+        salt=res.salt,
+        num_weighted_tokens=res.weighted,
+        expected_power=res.expected_power,
+        temperature=temperature,
+        model_free_p_value=found.p_value,
+        **common,
+    )
+
+
+def _wants_model(body: P.DetectRequest, config: ServeConfig) -> bool:
+    """Whether the request asks for the model-weighted detector (``model``: true or the served
+    model's name); ``temperature`` goes with it."""
+    model = body.model
+    if isinstance(model, str):
+        if model != config.model_name:
+            raise ApiError(
+                404,
+                f"model: this server weights with its own model {config.model_name!r}, not "
+                f'{model!r}; send "model": true (or {config.model_name!r}), or run `ersd '
+                "watermark detect --model NAME` with another model",
+                param="model",
+                code="model_not_found",
+            )
+        return True
+    if not model and body.temperature is not None:
+        raise ApiError(
+            400,
+            "temperature: the temperature weights the model-weighted detector; send it with "
+            '"model": true (the model-free detector needs none)',
+            param="temperature",
+        )
+    return bool(model)
+
+
+def _prompt_ids(body: P.DetectRequest, target: Any) -> list[int] | None:
+    """The ids of the request's ``prompt`` (as /v1/completions encodes it) or ``messages`` (as
+    /v1/chat/completions renders them); None when neither is given."""
+    if body.prompt is not None and body.messages is not None:
+        raise ApiError(400, "request body: give at most one of prompt and messages")
+    if body.messages is not None:
+        try:
+            messages = [
+                {"role": m.role, "content": check_text(f"messages[{i}].content", m.text())}
+                for i, m in enumerate(body.messages)
+            ]
+            return chat_ids(target.tokenizer, messages)
+        except ApiError:
+            raise
+        except Exception as exc:  # template errors, non-text parts
+            raise ApiError(400, f"messages: {exc}", param="messages") from None
+    if body.prompt is None:
+        return None
+    if isinstance(body.prompt, str):
+        ids = prompt_ids(target.tokenizer, check_text("prompt", body.prompt))
+    else:
+        ids = [int(t) for t in body.prompt]
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ApiError(
+                400,
+                f"prompt: token ids must lie in [0, {target.vocab_size}) (the served model's "
+                f"vocabulary), got {bad[0]}; send the prompt's text or its ids from this tokenizer",
+                param="prompt",
+            )
+    if not ids:
+        raise ApiError(
+            400, "prompt: it encodes to no tokens; give the prompt or leave it out", param="prompt"
+        )
+    return ids
+
+
+def _weighted(
+    ids: list[int],
+    prompt: list[int] | None,
+    param: str,
+    temperature: float,
+    salt: int | None,
+    target: Any,
+    config: ServeConfig,
+    serving: Any,
+) -> Any:
+    """The model-weighted detection: the target's probabilities of ``ids`` (one forward, on the
+    engine's thread), then :func:`~ersd.watermark.weighted.detect_weighted`; ``param`` names
+    the input an error blames."""
+    from ersd.watermark.weighted import detect_weighted, model_token_probs
+
+    if temperature > 1e3 or temperature < 1e-3:
+        raise ApiError(
+            400,
+            f"temperature: the generation's temperature, in [0.001, 1000], got {temperature:g}",
+            param="temperature",
+        )
+    window = context_window(target)
+    total = len(prompt or ()) + len(ids)
+    if window is not None and total > window:
+        raise ApiError(
+            400,
+            f"{param}: {total} tokens (prompt and text) do not fit the model's context window "
+            f"of {window}; score a shorter excerpt (or leave the prompt out)",
+            param=param,
+        )
+    if serving is None:
+        raise ApiError(
+            400,
+            "model: this server cannot run its model for detection here; leave model unset",
+            param="model",
+        )
+
+    def forward() -> Any:
+        return model_token_probs(target, ids, prompt, temperature)
+
+    try:
+        probs = serving.call(forward).result()
+    except ShuttingDownError as exc:
+        raise ApiError(503, str(exc), type="service_unavailable", code="shutting_down") from None
+    except ErsdError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param) from None
+    assert config.watermark is not None
+    try:
+        return detect_weighted(
+            ids,
+            config.watermark,
+            probs,
+            prompt=prompt,
+            salt=salt,
+            threshold=config.detect_threshold,
+            vocab_size=target.vocab_size,
+        )
+    except ErsdError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param) from None
 
 
 def add_routes(app: FastAPI) -> None:
@@ -142,19 +321,6 @@ def add_routes(app: FastAPI) -> None:
                 code="watermark_off",
             )
         raw = await request.body()  # bounded by --max-body-bytes (serve.guard)
-        found, n = await slots.run(score, raw, target, config)
+        found = await slots.run(score, raw, target, config, app.state.serving)
         metrics.detections.labels(config.model_name, str(found.watermarked).lower()).inc()
-        info = watermark_info(wm)
-        assert info is not None
-        return P.Detection(
-            watermarked=found.watermarked,
-            p_value=found.p_value,
-            threshold=found.threshold,
-            score=found.score,
-            num_tokens=n,
-            num_scored_tokens=found.scored,
-            num_skipped_tokens=found.skipped,
-            salt=found.salt,
-            salts_tried=found.salts_tried,
-            watermark=info,
-        )
+        return found

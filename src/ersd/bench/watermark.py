@@ -21,6 +21,11 @@ records and ``DIR/report.md`` (with figures):
 * ``compare`` — watermarked ERSD side by side with the engines' schemes in our loop (target-only
   watermarking, dual-key SD, watermarked autoregressive sampling) and unwatermarked ERSD / SD:
   tokens per call, tokens/s, detection (:mod:`ersd.bench.watermark_compare`).
+* ``attacks`` — the attack suite: random replace / insert / delete of 10-50% of tokens,
+  cut-and-paste of a marked span into 1-4k tokens of human text, paraphrase by a local instruct
+  model; each against the model-free, the model-weighted and (cut-paste) the localized detector,
+  TPR at 1% FPR with intervals, one JSON line per scored text in ``attacks.jsonl``
+  (:mod:`ersd.bench.watermark_attacks`).
 
 The benchmark key is a fixed, public derivation (``sha256("ersd-bench-watermark")``), never a
 real secret; records show its fingerprint.
@@ -29,6 +34,7 @@ real secret; records show its fingerprint.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -49,7 +55,7 @@ from ersd.bench.stats import interval_record, rate
 from ersd.watermark import Watermark, detect
 from ersd.watermark.detect import encode_text
 
-PARTS = ("fpr", "detect", "robust", "speed", "compare")
+PARTS = ("fpr", "detect", "robust", "speed", "compare", "attacks")
 LENGTHS = (16, 32, 64, 128)
 EDIT_RATES = (0.1, 0.2, 0.3)
 BENCH_KEY = hashlib.sha256(b"ersd-bench-watermark").digest()
@@ -558,6 +564,11 @@ def write_report(out_dir: Path) -> Path:
         from ersd.bench.watermark_compare import report_lines
 
         lines += report_lines(parts["compare"])
+    if (out_dir / "attacks.jsonl").is_file():
+        from ersd.bench.watermark_attacks import read_records, summarize
+        from ersd.bench.watermark_attacks import report_lines as attack_lines
+
+        lines += attack_lines(summarize(read_records(out_dir / "attacks.jsonl")))
     if "fpr" in parts or "detect" in parts:
         lines += ["![p-value QQ plot](qq.png)", ""]
     _figures(out_dir, parts)
@@ -620,6 +631,88 @@ def _figures(out_dir: Path, parts: dict[str, Any]) -> None:
         plt.close(fig)
 
 
+# --- attacks ------------------------------------------------------------------------------------
+
+
+def interleave_prompts(
+    prompts: list[tuple[str, str, list[int]]], count: int
+) -> list[tuple[str, str, list[int]]]:
+    """The first ``count`` of ``prompts`` taken round-robin over their prompt sets (the id's
+    prefix before ``/``), so a small count still spans code, chat and maths."""
+    by_set: dict[str, list[tuple[str, str, list[int]]]] = {}
+    for p in prompts:
+        by_set.setdefault(p[0].split("/")[0], []).append(p)
+    out: list[tuple[str, str, list[int]]] = []
+    for i in range(max((len(v) for v in by_set.values()), default=0)):
+        out += [v[i] for v in by_set.values() if i < len(v)]
+    return out[:count]
+
+
+def attacks_setup(
+    settings: Any, target: Any, paraphraser: Any, log: Callable[[str], None]
+) -> tuple[Any, Any]:
+    """The attack part's settings, checked (default ones for ``None``), and its paraphraser:
+    ``paraphraser`` when given, the target when the settings name it, else loaded (float32)."""
+    from ersd.bench.watermark_attacks import AttackSettings
+
+    settings = (settings or AttackSettings()).checked()
+    if "paraphrase" in settings.attacks and paraphraser is None:
+        if settings.paraphraser == getattr(target, "name", None):
+            paraphraser = target
+        else:
+            import ersd
+
+            log(f"[attacks] loading the paraphraser {settings.paraphraser}")
+            paraphraser = ersd.load_model(settings.paraphraser, dtype="float32")
+    return settings, paraphraser
+
+
+def attacks_run(
+    target: Any,
+    tok: Any,
+    wm: Watermark,
+    out_dir: Path,
+    settings: Any,
+    paraphraser: Any,
+    temperatures: Sequence[float],
+    max_new_tokens: int,
+    batch_size: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The ``attacks`` part: texts and human chunks, then
+    :func:`ersd.bench.watermark_attacks.attacks_part`; writes ``attacks.jsonl`` (as it goes),
+    ``attacks.json`` (the summary) and ``attacks.md`` (the tables)."""
+    from ersd.bench.errors import BenchConfigError
+    from ersd.bench.watermark_attacks import attacks_part, report_lines
+
+    settings, paraphraser = attacks_setup(settings, target, paraphraser, log)
+    plist = interleave_prompts(_prompts(tok, math.ceil(settings.texts / 4)), settings.texts)
+    human: dict[int, list[list[int]]] = {}
+    if "cut-paste" in settings.attacks:
+        for h in settings.human_tokens:
+            human[h] = [ids for _, ids in human_texts(tok, h, len(plist))]
+            if not human[h]:
+                raise BenchConfigError(f"no human text of {h} tokens found on this machine")
+    # long enough for the longest pasted span; the edits and the paraphrase see max_new_tokens
+    length = max([max_new_tokens, *settings.span_tokens] if "cut-paste" in settings.attacks
+                 else [max_new_tokens])  # fmt: skip
+    marked: dict[float, list[dict[str, Any]]] = {}
+    for temp in temperatures:
+        log(f"[attacks] T={temp}: {len(plist)} watermarked texts of up to {length} tokens")
+        marked[float(temp)] = generate_texts(
+            target, None, plist, (0,), temp, length, wm, batch_size, log
+        )
+    summary = attacks_part(
+        marked, human, target, tok, wm, settings, out_dir / "attacks.jsonl",
+        paraphraser=paraphraser, max_tokens=max_new_tokens, log=log,
+    )  # fmt: skip
+    summary["settings"] = {**dataclasses.asdict(settings), "max_new_tokens": max_new_tokens}
+    _write_json(out_dir / "attacks.json", summary)
+    table = ["# Watermark attacks", "", *report_lines(summary)]
+    (out_dir / "attacks.md").write_text("\n".join(table))
+    return summary
+
+
 # --- driver -------------------------------------------------------------------------------------
 
 
@@ -642,11 +735,18 @@ def run(
     trees: Sequence[str] = ("chain:6", "multi:2x3"),
     compare_prompts: int = 12,
     compare_batch: int = 1,
+    attacks: Any = None,
+    paraphraser: Any = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> Path:
+    """Run ``parts`` into ``out_dir`` and write the report.  ``attacks``: the attack part's
+    :class:`~ersd.bench.watermark_attacks.AttackSettings` (default ones when ``None``);
+    ``paraphraser``: its loaded paraphrasing model (else loaded by the settings' name)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     wm = bench_watermark()
     tok = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
+    if "attacks" in parts:  # its settings and paraphraser first: they fail fast, not after hours
+        attacks, paraphraser = attacks_setup(attacks, target, paraphraser, log)
     if "fpr" in parts:
         (out_dir / "fpr.json").write_text(json.dumps(fpr_part(tok, wm, human_texts_max, log)))
     if "detect" in parts or "robust" in parts:
@@ -724,4 +824,9 @@ def run(
             checkpoint=lambda part: _write_json(out_dir / "compare.json", part),
         )
         (out_dir / "compare.json").write_text(json.dumps(cp))
+    if "attacks" in parts:
+        attacks_run(
+            target, tok, wm, out_dir, attacks, paraphraser, temperatures, max_new_tokens,
+            batch_size, log,
+        )  # fmt: skip
     return write_report(out_dir)

@@ -489,6 +489,36 @@ def serve_load(
     show_default=True,
     help="compare: > 1 generates in batches (detection and tokens/call only, no timings).",
 )
+@click.option(
+    "--attacks",
+    "attack_names",
+    default="all",
+    show_default=True,
+    help="attacks: among replace, insert, delete, cut-paste, paraphrase (comma-separated).",
+)
+@click.option("--attack-texts", type=int, default=40, show_default=True, help="attacks: texts.")
+@click.option(
+    "--attack-rates",
+    default="0.1,0.2,0.3,0.5",
+    show_default=True,
+    help="attacks: fractions of tokens replaced / inserted / deleted.",
+)
+@click.option(
+    "--span-tokens", default="64,256", show_default=True, help="cut-paste: marked span lengths."
+)
+@click.option(
+    "--human-tokens",
+    default="1024,4096",
+    show_default=True,
+    help="cut-paste: human text around the span.",
+)
+@click.option(
+    "--paraphraser",
+    default="qwen2.5-coder-0.5b",
+    show_default=True,
+    help="paraphrase: a local instruct model (name as --target).",
+)
+@click.option("--paraphrase-temperature", type=float, default=0.7, show_default=True)
 @click.option("--report-only", is_flag=True, help="Rewrite report.md from the records in --out.")
 def watermark_bench(
     parts: tuple[str, ...],
@@ -505,13 +535,22 @@ def watermark_bench(
     trees: str,
     compare_prompts: int,
     compare_batch: int,
+    attack_names: str,
+    attack_texts: int,
+    attack_rates: str,
+    span_tokens: str,
+    human_tokens: str,
+    paraphraser: str,
+    paraphrase_temperature: float,
     report_only: bool,
 ) -> None:
-    """The watermark benchmark: PARTS among fpr, detect, robust, speed, compare (or all).
+    """The watermark benchmark: PARTS among fpr, detect, robust, speed, compare, attacks (or all).
 
     fpr needs only the target's tokenizer; detect/robust sample from the target (batched
     target-only, which gives the same text as watermarked ERSD; checked on a subset with the
-    draft); speed runs watermarked and unwatermarked ERSD side by side. See docs/watermark.md."""
+    draft); speed runs watermarked and unwatermarked ERSD side by side; attacks edits, pastes
+    and paraphrases watermarked texts and scores them (docs/watermark-detection.md#attacks).
+    See docs/watermark.md."""
     import shlex
     import sys
 
@@ -533,8 +572,24 @@ def watermark_bench(
         seed_list = [int(s) for s in seeds.split(",")]
     except ValueError:
         raise click.UsageError("--temperatures and --seeds are comma-separated numbers") from None
+    attack_settings = None
+    if "attacks" in chosen:
+        from ersd.bench.watermark_attacks import parse_settings
+
+        try:  # before any model loads: a bad option is a one-line error at once
+            attack_settings = parse_settings(
+                attack_names,
+                attack_rates,
+                span_tokens,
+                human_tokens,
+                attack_texts,
+                paraphraser,
+                paraphrase_temperature,
+            )
+        except ErsdError as exc:
+            raise click.UsageError(str(exc)) from None
     try:
-        needs_model = any(p in chosen for p in ("detect", "robust", "speed", "compare"))
+        needs_model = any(p in chosen for p in ("detect", "robust", "speed", "compare", "attacks"))
         if needs_model:
             pair = load_pair(models)
             target, draft, tok = pair.target, pair.draft, pair.target.tokenizer
@@ -564,6 +619,7 @@ def watermark_bench(
             trees=tree_list,
             compare_prompts=compare_prompts,
             compare_batch=compare_batch,
+            attacks=attack_settings,
             log=_echo_err,
         )
     except ErsdError as exc:

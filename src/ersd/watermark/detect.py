@@ -87,6 +87,63 @@ class Detection:
         return out
 
 
+#: odd 64-bit multipliers of the windows' sort key (any odd constants serve: equal keys are
+#: checked row by row)
+_ROW_MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
+
+
+def _first_rows(rows: np.ndarray) -> np.ndarray:
+    """Sorted indices of the first occurrence of each distinct row of ``rows`` (``[m, h]``
+    int64): ``np.unique(rows, axis=0, return_index=True)[1]`` sorted, without its row-wise sort.
+
+    Rows are keyed by a 64-bit mix of their tokens and sorted by the key; rows sharing a key are
+    compared token by token, and if two *different* rows ever share one (a collision) the exact
+    row sort decides instead, so the result never depends on the mix."""
+    m, h = rows.shape
+    if h == 1:
+        return np.sort(np.unique(rows[:, 0], return_index=True)[1])
+    key = rows[:, 0].astype(np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(1, h):
+            key *= np.uint64(_ROW_MIX[j % len(_ROW_MIX)])
+            key ^= key >> np.uint64(29)
+            key += rows[:, j].astype(np.uint64)
+    order = np.argsort(key)
+    sk = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    sizes = np.diff(np.append(starts, m))
+    first = np.minimum.reduceat(order, starts)  # the earliest position with each key
+    shared = np.repeat(sizes > 1, sizes)
+    if shared.any():
+        members = order[shared]
+        leaders = np.repeat(first, sizes)[shared]
+        if not np.array_equal(rows[members], rows[leaders]):  # a collision: sort exactly
+            _, exact = np.unique(rows, axis=0, return_index=True)
+            return np.sort(exact)
+    first.sort()
+    return first
+
+
+def _scored_arrays(
+    ids: np.ndarray, context_width: int, initial: Sequence[int] | None, start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`scored_windows` as arrays (windows, tokens, positions)."""
+    head = (
+        np.full(context_width, -1, dtype=np.int64)
+        if initial is None
+        else np.asarray(initial, dtype=np.int64).reshape(-1)
+    )
+    if len(head) != context_width:
+        raise WatermarkError(f"the initial window must hold {context_width} tokens")
+    padded = np.concatenate([head, ids])
+    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[start : len(ids)]
+    if len(rows) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros((0, context_width), dtype=np.int64), empty, empty
+    first = _first_rows(rows)
+    return rows[first], ids[first + start], first + start
+
+
 def scored_windows(
     token_ids: Sequence[int] | np.ndarray,
     context_width: int,
@@ -96,6 +153,19 @@ def scored_windows(
     """(windows ``[n, h]``, tokens, positions) of the first occurrence of each window in
     ``token_ids`` among positions ``>= start`` (window of position ``i``: the ``h`` tokens
     before it, ``initial`` -- default ``h`` times ``-1`` -- before the first)."""
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    windows, tokens, positions = _scored_arrays(ids, context_width, initial, start)
+    return windows, tokens.tolist(), positions.tolist()
+
+
+def scored_windows_reference(
+    token_ids: Sequence[int] | np.ndarray,
+    context_width: int,
+    initial: Sequence[int] | None = None,
+    start: int = 0,
+) -> tuple[np.ndarray, list[int], list[int]]:
+    """:func:`scored_windows` as the first releases computed it (a row-wise ``np.unique``): the
+    reference the fast path is tested against (``tests/test_watermark_fast.py``)."""
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     head = (
         np.full(context_width, -1, dtype=np.int64)
@@ -160,10 +230,10 @@ def token_scores(
     watermark: Watermark,
     salts: Sequence[int],
     windows: Sequence[Sequence[int]] | np.ndarray,
-    tokens: Sequence[int],
+    tokens: Sequence[int] | np.ndarray,
 ) -> np.ndarray:
     """``-log(1 - r_t)`` of each (window, token) under each salt: ``[len(salts), n]``."""
-    if not tokens:
+    if len(tokens) == 0:
         return np.zeros((len(salts), 0))
     prf = watermark.prf(salts[0])
     u = prf.uniform_at(windows, np.asarray(tokens, dtype=np.int64), salts=salts)
@@ -193,8 +263,24 @@ def _checked_input(
     min_tokens: int,
     prompt: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[int], list[int], list[int], int]:
-    """The checks :func:`detect` and :func:`detect_dual` share: (ids, scored windows, their
-    tokens, their positions, the salts to try, the opening left unscored)."""
+    """The checks the detectors share: (ids, scored windows, their tokens, their positions, the
+    salts to try, the opening left unscored)."""
+    ids, windows, tokens, positions, salts, start = _checked_arrays(
+        token_ids, watermark, salt, threshold, vocab_size, min_tokens, prompt
+    )
+    return ids, windows, tokens.tolist(), positions.tolist(), salts, start
+
+
+def _checked_arrays(
+    token_ids: Sequence[int],
+    watermark: Watermark,
+    salt: int | None,
+    threshold: float,
+    vocab_size: int | None,
+    min_tokens: int,
+    prompt: Sequence[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[int], int]:
+    """:func:`_checked_input` with the tokens and positions as arrays."""
     if not isinstance(watermark, Watermark):
         raise WatermarkError(
             f"watermark must be an ersd.Watermark (ersd.load_watermark(FILE)), got "
@@ -220,7 +306,7 @@ def _checked_input(
     else:
         p = _as_ids(prompt, vocab_size, "prompt") if len(prompt) else np.zeros(0, np.int64)
         initial, start = watermark.initial_window(p.tolist()), 0
-    windows, tokens, positions = scored_windows(ids, h, initial, start)
+    windows, tokens, positions = _scored_arrays(ids, h, initial, start)
     if len(tokens) < min_tokens:
         opening = (
             f" after the first {start} (version-2 windows reach into the prompt there: pass "
@@ -262,7 +348,7 @@ def detect(
     :class:`~ersd.errors.WatermarkError` on empty input, bad types, or fewer than ``min_tokens``
     scored positions.
     """
-    ids, windows, tokens, positions, salts, opening = _checked_input(
+    ids, windows, tokens, positions, salts, opening = _checked_arrays(
         token_ids, watermark, salt, threshold, vocab_size, min_tokens, prompt
     )
     all_scores = token_scores(watermark, salts, windows, tokens)
@@ -279,7 +365,7 @@ def detect(
         salt_p_value=p,
         salts_tried=len(salts),
         threshold=float(threshold),
-        positions=positions if per_token else [],
+        positions=positions.tolist() if per_token else [],
         token_scores=scores.tolist() if per_token else [],
         opening=opening,
     )
@@ -344,7 +430,7 @@ def detect_dual(
     weight of key B, vLLM's default 0.1.  Other arguments as :func:`detect`."""
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
         raise WatermarkError(f"alpha (key B's weight) must lie in [0, 1], got {alpha!r}")
-    ids, windows, tokens, _, salts, opening = _checked_input(
+    ids, windows, tokens, _, salts, opening = _checked_arrays(
         token_ids, watermark, salt, threshold, vocab_size, min_tokens, prompt
     )
     sa = token_scores(watermark.derive("key_a"), salts, windows, tokens)

@@ -34,6 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ersd.watermark.blake import KeyedBlake2b
+
 
 class WatermarkPRF(Protocol):
     """A keyed PRF bound to one salt: a whole race's uniforms at a window (generation) and single
@@ -52,6 +54,10 @@ class WatermarkPRF(Protocol):
 
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+#: the ersd-v1 window hash's BLAKE2b personalization
+_PERSON = b"ersd-watermark1"
+#: fewer windows than this are hashed by hashlib (the vectorised hash's fixed cost is ~0.1 ms)
+_VECTOR_MIN_WINDOWS = 64
 #: entries of one [salts, tokens] block of the detector's Philox (memory ~ 30 words each)
 _BLOCK = 1 << 16
 _M32 = np.uint64(0xFFFFFFFF)
@@ -107,6 +113,76 @@ def philox4x64(
     return c0, c1, c2, c3
 
 
+_MUL = {m: (np.uint64(m), np.uint64(m & _U32), np.uint64(m >> 32)) for m in (_P64_M0, _P64_M1)}
+_S32 = np.uint64(32)
+#: tokens per pass of :func:`philox4x64_lane` (its ~20 scratch words each stay in L2)
+_CHUNK = 4096
+
+
+def _mulhilo64_into(a: np.ndarray, m: int, hi: np.ndarray, lo: np.ndarray, t: np.ndarray) -> None:
+    """:func:`_mulhilo64` into ``hi``, ``lo`` (``t``: scratch of three rows of ``a``'s shape;
+    ``a`` is left unchanged unless it is ``hi`` or ``lo``)."""
+    m64, m_lo, m_hi = _MUL[m]
+    a_lo, a_hi, mid = t[0], t[1], t[2]
+    np.bitwise_and(a, _M32, out=a_lo)
+    np.right_shift(a, _S32, out=a_hi)
+    np.multiply(a, m64, out=lo)
+    np.multiply(a_lo, m_lo, out=mid)  # p0
+    np.right_shift(mid, _S32, out=mid)
+    np.multiply(a_lo, m_hi, out=a_lo)  # p1
+    np.multiply(a_hi, m_lo, out=hi)  # p2
+    np.multiply(a_hi, m_hi, out=a_hi)  # p3
+    np.add(a_hi, hi >> _S32, out=a_hi)
+    np.bitwise_and(hi, _M32, out=hi)
+    np.add(mid, hi, out=mid)
+    np.add(a_hi, a_lo >> _S32, out=a_hi)
+    np.bitwise_and(a_lo, _M32, out=a_lo)
+    np.add(mid, a_lo, out=mid)
+    np.right_shift(mid, _S32, out=mid)
+    np.add(a_hi, mid, out=hi)
+
+
+def philox4x64_lane(
+    counter0: np.ndarray, key0: np.ndarray, key1: np.ndarray, counter1: int, lane: np.ndarray
+) -> np.ndarray:
+    """Word ``lane[j]`` of :func:`philox4x64` of ``(counter0[j], counter1, 0, 0)`` under
+    ``(key0[j], key1[j])`` (1-D arrays of one length): the same words, computed in place over
+    chunks of :data:`_CHUNK` so the detector's working set stays in cache."""
+    n = len(counter0)
+    out = np.empty(n, dtype=np.uint64)
+    c1_const = _u64(counter1)
+    w0, w1 = _u64(_P64_W0), _u64(_P64_W1)
+    with np.errstate(over="ignore"):
+        for lo in range(0, n, _CHUNK):
+            hi_ = min(n, lo + _CHUNK)
+            k0 = np.array(key0[lo:hi_], dtype=np.uint64)
+            k1 = np.array(key1[lo:hi_], dtype=np.uint64)
+            m = hi_ - lo
+            c0 = np.array(counter0[lo:hi_], dtype=np.uint64)
+            c1, c2, c3 = (np.empty(m, dtype=np.uint64) for _ in range(3))
+            hi0, lo0, hi1, lo1 = (np.empty(m, dtype=np.uint64) for _ in range(4))
+            t = np.empty((3, m), dtype=np.uint64)
+            # round 1: (c2, c3) = (0, 0), so the second product is zero
+            _mulhilo64_into(c0, _P64_M0, hi0, lo0, t)
+            np.bitwise_xor(k0, c1_const, out=c0)
+            c1.fill(0)
+            np.bitwise_xor(hi0, k1, out=c2)
+            c3[...] = lo0
+            for _ in range(9):
+                np.add(k0, w0, out=k0)
+                np.add(k1, w1, out=k1)
+                _mulhilo64_into(c0, _P64_M0, hi0, lo0, t)
+                _mulhilo64_into(c2, _P64_M1, hi1, lo1, t)
+                np.bitwise_xor(hi1, c1, out=c0)
+                np.bitwise_xor(c0, k0, out=c0)
+                np.bitwise_xor(hi0, c3, out=c2)
+                np.bitwise_xor(c2, k1, out=c2)
+                c1, lo1 = lo1, c1
+                c3, lo0 = lo0, c3
+            np.choose(lane[lo:hi_], (c0, c1, c2, c3), out=out[lo:hi_])
+    return out
+
+
 def _words_to_uniform(words: np.ndarray) -> np.ndarray:
     """53-bit uniforms strictly inside (0, 1): ``((w >> 11) + 1/2) / 2**53``."""
     return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
@@ -121,6 +197,7 @@ class ErsdPRF:
         self._key = bytes(key)
         self.salt = int(salt)
         self._fmt = f"<{int(context_width)}q"
+        self._blake: KeyedBlake2b | None = None
 
     def __repr__(self) -> str:  # never the key
         return f"ErsdPRF(context_width={struct.calcsize(self._fmt) // 8}, salt={self.salt})"
@@ -131,7 +208,7 @@ class ErsdPRF:
             struct.pack(self._fmt, *window),
             digest_size=16,
             key=self._key,
-            person=b"ersd-watermark1",
+            person=_PERSON,
         ).digest()
 
     def window_keys(self, windows: Sequence[Sequence[int]] | np.ndarray) -> bytes:
@@ -139,7 +216,7 @@ class ErsdPRF:
         rows = np.ascontiguousarray(np.asarray(windows, dtype="<i8").reshape(len(windows), -1))
         buf = memoryview(rows.tobytes())
         step = rows.shape[1] * 8
-        key, person = self._key, b"ersd-watermark1"
+        key, person = self._key, _PERSON
         blake = hashlib.blake2b
         return b"".join(
             [
@@ -147,6 +224,17 @@ class ErsdPRF:
                 for i in range(0, len(buf), step)
             ]
         )
+
+    def window_key_words(self, windows: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+        """:meth:`window_keys` as ``[n, 2]`` uint64 words (little-endian halves of each 128-bit
+        key): :mod:`hashlib` for a few windows, else every window at once with the NumPy BLAKE2b
+        of :mod:`ersd.watermark.blake` (the same bits)."""
+        rows = np.asarray(windows, dtype=np.int64)
+        if len(rows) < _VECTOR_MIN_WINDOWS:
+            return np.frombuffer(self.window_keys(rows), dtype="<u8").reshape(-1, 2)
+        if self._blake is None:
+            self._blake = KeyedBlake2b(self._key, _PERSON, digest_size=16)
+        return self._blake.digest_words(rows.reshape(len(rows), -1))
 
     def uniforms(self, window: Sequence[int], vocab_size: int) -> np.ndarray:
         """``U_i`` for every token ``i < vocab_size`` at ``window`` (float64)."""
@@ -162,7 +250,30 @@ class ErsdPRF:
         salts: Sequence[int] | None = None,
     ) -> np.ndarray:
         """``U`` of ``tokens[j]`` at ``windows[j]`` for every j (float64), one block each; with
-        ``salts``, a ``[len(salts), n]`` array (one hash per window serves every salt)."""
+        ``salts``, a ``[len(salts), n]`` array (one hash per window serves every salt).  The same
+        bits as :meth:`uniform_at_reference`, vectorised over the windows."""
+        t = np.asarray(tokens, dtype=np.int64).astype(np.uint64)
+        if len(t) == 0:
+            return np.zeros(0) if salts is None else np.zeros((len(list(salts)), 0))
+        keys = self.window_key_words(windows)
+        k0, k1 = np.ascontiguousarray(keys[:, 0]), np.ascontiguousarray(keys[:, 1])
+        lane = (t & np.uint64(3)).astype(np.intp)
+        counter = (t >> np.uint64(2)) + np.uint64(1)
+        salt_list = [self.salt] if salts is None else [int(s) for s in salts]
+        out = np.empty((len(salt_list), len(t)))
+        for i, s in enumerate(salt_list):
+            out[i] = _words_to_uniform(philox4x64_lane(counter, k0, k1, s, lane))
+        return out[0] if salts is None else out
+
+    def uniform_at_reference(
+        self,
+        windows: Sequence[Sequence[int]] | np.ndarray,
+        tokens: np.ndarray,
+        salts: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        """:meth:`uniform_at` as the first releases computed it (one :mod:`hashlib` call per
+        window, the whole Philox block then a lane): the reference the fast path is tested
+        against (``tests/test_watermark_fast.py``)."""
         keys = np.frombuffer(self.window_keys(windows), dtype="<u8").reshape(-1, 2)
         k0, k1 = keys[:, 0].astype(np.uint64), keys[:, 1].astype(np.uint64)
         t = np.asarray(tokens, dtype=np.uint64)

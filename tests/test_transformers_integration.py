@@ -394,6 +394,47 @@ def test_watermark_passes_through(smol: dict[str, Any]) -> None:
 
 
 @pytest.mark.realmodel
+def test_race_scheme_passes_through(smol: dict[str, Any], tmp_path: Path) -> None:
+    """``race_scheme="v2"``: exactly ersd.generate's v2 tokens (one row, a left-padded batch and
+    the folder form), which differ from the v1 tokens of the same seed (a dropped keyword is
+    caught); an unknown scheme is refused naming race_scheme."""
+    tok, model = smol["tok"], smol["model"]
+    enc = tok(PROMPT, return_tensors="pt")
+    prompt = tok.encode(PROMPT)
+    draft = smol["drafts"]["hf-truncated"]
+    kw: dict[str, Any] = {"draft_model": draft, "tree": "chain:3", "do_sample": True, "top_k": 0}
+    got = _gen(model, enc, seed=3, race_scheme="v2", **kw, **_n())[0, len(prompt) :].tolist()
+    v2 = ersd.generate(wrap_module(model), None, prompt, race_scheme="v2", **_ref(model, 3))
+    v1 = ersd.generate(wrap_module(model), None, prompt, **_ref(model, 3)).tokens
+    assert v2.race_scheme == "v2"
+    assert got == v2.tokens
+    assert v2.tokens != v1  # v2 draws other races: a keyword that never arrived is caught
+    # a left-padded batch: each row its solo v2 call
+    texts = [PROMPT, "The capital of France is"]
+    tok.padding_side = "left"
+    try:
+        both = tok(texts, return_tensors="pt", padding=True)
+    finally:
+        tok.padding_side = "right"
+    out = _gen(model, both, seed=[3, 5], race_scheme="v2", **kw, **_n())
+    width = both.input_ids.shape[1]
+    for i, (text, seed) in enumerate(zip(texts, [3, 5], strict=True)):
+        ids = tok.encode(text)
+        solo = ersd.generate(wrap_module(model), None, ids, race_scheme="v2", **_ref(model, seed))
+        assert out[i, width : width + len(solo.tokens)].tolist() == solo.tokens, i
+    # the folder form forwards it too
+    export_folder(tmp_path)
+    folder = model.generate(
+        **enc, custom_generate=str(tmp_path), trust_remote_code=True, seed=3, race_scheme="v2",
+        **kw, **_n(),
+    )  # fmt: skip
+    assert folder[0, len(prompt) :].tolist() == v2.tokens
+    with pytest.raises(GenerationInputError) as err:
+        _gen(model, enc, seed=3, race_scheme="v3", **kw, **_n())
+    assert err.value.param == "race_scheme" and "\n" not in str(err.value)
+
+
+@pytest.mark.realmodel
 def test_refusals_are_one_line_and_name_the_fix(smol: dict[str, Any]) -> None:
     from ersd.models.hf import HFModel
     from tests.hf_tiny import word_tokenizer

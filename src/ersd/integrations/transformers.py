@@ -27,8 +27,9 @@ What comes from where:
 * ersd's own keywords: ``draft_model`` (a ``PreTrainedModel``, or any ersd draft model /
   drafter; ``assistant_model`` is consumed by ``generate`` itself and never reaches a custom
   loop, so it is refused), ``tree``, ``method``, ``seed`` (an int, or one per row), ``watermark``,
-  ``stop_tokenizer`` (the tokenizer for ``stop_strings``: ``generate`` keeps ``tokenizer=`` to
-  itself when ``custom_generate`` is a callable).
+  ``race_scheme`` (``"v1"``, the default, or ``"v2"``: docs/race-schemes.md), ``stop_tokenizer``
+  (the tokenizer for ``stop_strings``: ``generate`` keeps ``tokenizer=`` to itself when
+  ``custom_generate`` is a callable).
 
 ``generate`` passes a custom callable neither ``streamer`` nor ``assistant_model``; they are read
 from the calling ``generate`` frame (the only place they exist), which is why :func:`generate`
@@ -366,6 +367,7 @@ def generate(
     method: str = "ersd",
     seed: int | Sequence[int] = 0,
     watermark: Any = None,
+    race_scheme: str = "v1",
     stop_strings: str | Sequence[str] | None = None,
     stop_tokenizer: Any = None,
     **model_kwargs: Any,
@@ -378,9 +380,11 @@ def generate(
     seed=seed, ...)``'s tokens; several (left-padded) rows go through
     :func:`ersd.generate_batch_stream` with ``seeds=seed`` (an int: row ``i`` gets
     ``ersd.derive_seed(seed, i)``; a list: one seed per row), each row exactly its solo call.
+    ``race_scheme`` picks how the races are drawn, as in :func:`ersd.generate` (a text
+    reproduces only under its own scheme).
     """
-    from ersd.batch import generate_batch_stream
-    from ersd.generation import generate_stream
+    from ersd.batch import batch_requests, batch_seeds, run_requests
+    from ersd.generation import as_drafter, generate_stream
 
     frame = _calling_generate(model)
     streamer = frame.f_locals.get("streamer")
@@ -432,6 +436,7 @@ def generate(
         "tree": tree,
         "eos_token_id": eos,
         "watermark": watermark,
+        "race_scheme": race_scheme,
         **sampling,
     }
     device = input_ids.device
@@ -446,7 +451,13 @@ def generate(
             if rows[0].done:
                 break
     else:
-        for index, rec in generate_batch_stream(target, draft, prompts, seeds=seed, **common):
+        # generate_batch_stream's loop, with every keyword of a Request (race_scheme included)
+        seeds = batch_seeds(seed, len(prompts))
+        drafter = as_drafter(draft)
+        if drafter is None:
+            common["tree"] = None
+        requests = batch_requests(target, drafter, prompts, seeds, **common)
+        for index, rec, _ in run_requests(target, drafter, requests):
             rows[index].add(rec.tokens)
             if all(r.done for r in rows):
                 break

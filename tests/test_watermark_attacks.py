@@ -180,6 +180,7 @@ def test_a_bad_rate_is_a_one_line_error(bad: Any) -> None:
         ({"human": "1k"}, "comma-separated token counts"),
         ({"texts": 0}, "--attack-texts must be a positive integer"),
         ({"temperature": 0.0}, "--paraphrase-temperature"),
+        ({"ptexts": 0}, "--paraphrase-texts must be a positive integer"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs: dict[str, Any], fragment: str) -> None:
@@ -195,7 +196,7 @@ def test_bad_settings_are_one_line_errors(kwargs: dict[str, Any], fragment: str)
     with pytest.raises(BenchConfigError) as exc:
         parse_settings(
             args["attacks"], args["rates"], args["spans"], args["human"], args["texts"],
-            "qwen2.5-coder-0.5b", args["temperature"],
+            "qwen2.5-coder-0.5b", args["temperature"], args.get("ptexts"),
         )  # fmt: skip
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
 
@@ -296,7 +297,7 @@ def test_attack_part_on_smollm2_end_to_end(tmp_path: Path) -> None:
     model = ersd.load_model("smollm2-135m", dtype="float32")
     settings = AttackSettings(
         attacks=ATTACKS, rates=(0.3,), span_tokens=(64,), human_tokens=(160,), texts=3,
-        paraphraser="smollm2-135m", paraphrase_temperature=0.7,
+        paraphraser="smollm2-135m", paraphrase_temperature=0.7, paraphrase_texts=2,
     )  # fmt: skip
     wb.run(["attacks"], tmp_path, target=model, tokenizer=model.tokenizer, temperatures=[1.0],
            max_new_tokens=32, batch_size=3, attacks=settings, paraphraser=model)  # fmt: skip
@@ -306,7 +307,8 @@ def test_attack_part_on_smollm2_end_to_end(tmp_path: Path) -> None:
     assert set(by) == {"none", *ATTACKS, "human-only"}
     n = len(by["none"])
     assert n >= 2  # texts under 16 tokens (stopped at end-of-text) are left out, and counted
-    assert all(len(by[a]) == n for a in ("replace", "insert", "delete", "paraphrase"))
+    assert all(len(by[a]) == n for a in ("replace", "insert", "delete"))
+    assert len(by["paraphrase"]) == 2  # --paraphrase-texts 2: the first two texts
     for r in by["replace"]:
         assert r["tokens"] == r["tokens_in"] <= 32 and r["kept_windows"] < 1
     for r in by["insert"]:

@@ -89,6 +89,8 @@ class AttackSettings:
     texts: int = 40
     paraphraser: str = DEFAULT_PARAPHRASER
     paraphrase_temperature: float = 0.7
+    #: paraphrase only the first this many texts (``None``: all; the paraphraser is the slow part)
+    paraphrase_texts: int | None = None
     seed: int = 20261206
 
     def checked(self) -> AttackSettings:
@@ -116,6 +118,9 @@ class AttackSettings:
             for h in self.human_tokens:
                 if not isinstance(h, int) or h < 1:
                     raise BenchConfigError(f"--human-tokens must be positive integers, got {h!r}")
+        n = self.paraphrase_texts
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise BenchConfigError(f"--paraphrase-texts must be a positive integer, got {n!r}")
         pt = self.paraphrase_temperature
         if isinstance(pt, bool) or not isinstance(pt, int | float) or not 0 < pt <= 10:
             raise BenchConfigError(
@@ -132,6 +137,7 @@ def parse_settings(
     texts: int,
     paraphraser: str,
     paraphrase_temperature: float,
+    paraphrase_texts: int | None = None,
 ) -> AttackSettings:
     """:class:`AttackSettings` from the command line's comma-separated lists, checked."""
 
@@ -161,6 +167,7 @@ def parse_settings(
         texts=texts,
         paraphraser=paraphraser,
         paraphrase_temperature=paraphrase_temperature,
+        paraphrase_texts=paraphrase_texts,
     ).checked()
 
 
@@ -402,7 +409,7 @@ def _paraphrase_records(
 ) -> Iterator[dict[str, Any]]:
     name = getattr(paraphraser, "name", settings.paraphraser)
     pt = settings.paraphrase_temperature
-    for i, ids in usable:
+    for i, ids in usable[: settings.paraphrase_texts]:
         text = str(tokenizer.decode(ids, skip_special_tokens=True))
         budget = 2 * len(encode_text(paraphraser.tokenizer, text)) + 16
         new_text = paraphrase(paraphraser, text, temperature=pt, seed=i, max_new_tokens=budget)

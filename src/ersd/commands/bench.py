@@ -519,6 +519,12 @@ def serve_load(
     help="paraphrase: a local instruct model (name as --target).",
 )
 @click.option("--paraphrase-temperature", type=float, default=0.7, show_default=True)
+@click.option(
+    "--paraphrase-texts",
+    type=int,
+    default=None,
+    help="paraphrase: only the first N texts (default: all; the paraphraser is the slow part).",
+)
 @click.option("--report-only", is_flag=True, help="Rewrite report.md from the records in --out.")
 def watermark_bench(
     parts: tuple[str, ...],
@@ -542,6 +548,7 @@ def watermark_bench(
     human_tokens: str,
     paraphraser: str,
     paraphrase_temperature: float,
+    paraphrase_texts: int | None,
     report_only: bool,
 ) -> None:
     """The watermark benchmark: PARTS among fpr, detect, robust, speed, compare, attacks (or all).
@@ -585,6 +592,7 @@ def watermark_bench(
                 attack_texts,
                 paraphraser,
                 paraphrase_temperature,
+                paraphrase_texts,
             )
         except ErsdError as exc:
             raise click.UsageError(str(exc)) from None

@@ -332,3 +332,29 @@ def test_tree_auto_request_gives_the_same_text(client: openai.OpenAI) -> None:
     auto = client.completions.create(model=MODEL, extra_body={"tree": "auto"}, **settings)
     assert auto.choices[0].text == fixed.choices[0].text
     assert auto.model_extra["ersd"]["tree"] == "auto"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_race_scheme_request_field_gives_the_librarys_text(client: openai.OpenAI) -> None:
+    """``extra_body={"race_scheme": "v2"}``: the text of ``ersd.generate(...,
+    race_scheme="v2")`` with the same seed (target-only: ERSD's text does not depend on the
+    draft), not v1's; the extension reports the scheme."""
+    from ersd.serve.text import decode
+
+    target = ersd.load_model(MODEL, dtype="float32")
+    ids = target.tokenizer.encode(PROMPT)
+    settings = dict(prompt=PROMPT, seed=13, max_tokens=8, temperature=1.0)
+    texts = {}
+    for scheme in ("v1", "v2"):
+        res = ersd.generate(
+            target, None, ids, max_new_tokens=8, seed=13, eos_token_id=target.eos_token_ids,
+            race_scheme=scheme,
+        )  # fmt: skip
+        texts[scheme] = decode(target.tokenizer, res.tokens)
+    assert texts["v1"] != texts["v2"]  # a field that never reached the engine is caught
+    v2 = client.completions.create(model=MODEL, extra_body={"race_scheme": "v2"}, **settings)
+    assert v2.choices[0].text == texts["v2"]
+    assert v2.model_extra["ersd"]["race_scheme"] == "v2"
+    v1 = client.completions.create(model=MODEL, **settings)  # the server's default: v1
+    assert v1.choices[0].text == texts["v1"]
+    assert v1.model_extra["ersd"]["race_scheme"] == "v1"

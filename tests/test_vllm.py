@@ -353,6 +353,31 @@ def test_watermarked_draft_model_equals_ersd_generate(
         assert got != draft_outputs  # the keyed race is not the plain race of the seed
 
 
+def test_race_scheme_v2_with_a_draft_model_equals_ersd_generate(
+    draft_llm, target, reference
+) -> None:
+    """``ersd_race_scheme="v2"`` with a drafter, v1 requests in the same batch: each equals
+    target-only ``ersd.generate`` under its own scheme, and v2's tokens differ from v1's (the
+    scheme reached the rows)."""
+    keys = [(si, seed) for si in range(len(SETTINGS)) for seed in SEEDS]
+    v2 = [ersd_params(seed, race_scheme="v2", **SETTINGS[si]) for si, seed in keys]
+    v1 = [ersd_params(seed, **SETTINGS[si]) for si, seed in keys]
+    outs = draft_llm.generate(
+        [{"prompt_token_ids": PROMPT}] * (2 * len(keys)), v2 + v1, use_tqdm=False
+    )
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    want = [
+        ersd.generate(
+            target, None, PROMPT, max_new_tokens=NEW_TOKENS, seed=seed, race_scheme="v2",
+            **SETTINGS[si],
+        ).tokens
+        for si, seed in keys
+    ]  # fmt: skip
+    assert got[: len(keys)] == want
+    assert got[len(keys) :] == [reference[k] for k in keys]
+    assert want != [reference[k] for k in keys]
+
+
 def test_watermarked_plugin_text_is_detected_by_vllms_detector(draft_llm, wm_key_files) -> None:
     """The plugin's vllm-philox text (104 tokens, with a drafter) against vLLM's own
     GumbelWatermarkDetector (same key and width): detected, with ersd's p-value to 1e-9."""

@@ -307,3 +307,44 @@ def test_watermarked_rows_race_on_the_keyed_noise_of_ersd_generate(wm_key_file) 
     assert int(row_keys[4]) != int(row_keys[5])
     # incremental: one more token extends the kept key
     assert keys.key("r1", 8, prompt, [3, 4], wm) == extend_key_many(root, [3, 4])
+
+
+def test_race_scheme_v2_rows_race_on_ersd_v2_noise(monkeypatch, wm_key_file) -> None:
+    """``ersd_race_scheme="v2"`` rows (mixed with v1 and watermarked rows) win exactly
+    race_winner on ``RaceNoise(scheme="v2")``, with the NumPy and the torch noise; v2 and v1
+    winners differ (a scheme that never reached the rows is caught); refusals name the fix."""
+    vocab = 3000
+    logits = torch.randn(30, vocab, generator=torch.Generator().manual_seed(5)) * 3
+    v2 = parse_extra_args(ersd_extra_args(1, 0.9, race_scheme="v2"))
+    v1 = parse_extra_args(ersd_extra_args(1, 0.9))
+    marked = parse_extra_args(ersd_extra_args(1, 0.9, watermark_key_file=wm_key_file))
+    assert v2 is not None and v1 is not None and marked is not None
+    assert (v2.race_scheme, v1.race_scheme) == ("v2", "v1")
+    keys = [root_key(1, [r, 7]) for r in range(30)]
+    probs = logits_to_probs(logits, v2.sampling)
+    want_v2 = [race_winner(probs[r], RaceNoise(vocab, scheme="v2").exponentials(k)) for r, k in
+               enumerate(keys)]  # fmt: skip
+    want_v1 = [race_winner(probs[r], RaceNoise(vocab).exponentials(k)) for r, k in enumerate(keys)]
+    assert sum(a != b for a, b in zip(want_v2, want_v1, strict=True)) > 10
+    for backend in ("numpy", "torch"):
+        monkeypatch.setenv("ERSD_VLLM_NOISE", backend)
+        assert race_winners(logits, keys, [v2] * 30).tolist() == want_v2, backend
+        mixed = [v2 if r % 2 else v1 for r in range(30)]
+        got = race_winners(logits, keys, mixed).tolist()
+        assert got == [want_v2[r] if r % 2 else want_v1[r] for r in range(30)], backend
+        with_mark = [v2, v1, marked] * 10
+        ctx = ContextKeys()
+        mark_keys = [
+            ctx.key(f"m{r}", 1, [r, 7], [], marked.watermark) if r % 3 == 2 else k
+            for r, k in enumerate(keys)
+        ]
+        got = race_winners(logits, mark_keys, with_mark).tolist()
+        assert [got[r] for r in range(30) if r % 3 == 0] == want_v2[0::3], backend
+        assert [got[r] for r in range(30) if r % 3 == 1] == want_v1[1::3], backend
+    for extra, needle in [
+        ({"ersd_race_scheme": "v3"}, "ersd_race_scheme must be one of"),
+        ({"ersd_race_scheme": 2}, "ersd_race_scheme must be one of"),
+        ({"ersd_race_scheme": "v2", "ersd_watermark_key_file": str(wm_key_file)}, "watermarked"),
+    ]:
+        with pytest.raises(VllmIntegrationError, match=needle):
+            parse_extra_args({"ersd_seed": 1, **extra})

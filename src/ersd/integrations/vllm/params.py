@@ -11,6 +11,9 @@ flat ``extra_args`` (the OpenAI server's ``vllm_xargs`` only carries flat values
                       winner of the secret-keyed race, exactly as ``ersd.generate(...,
                       watermark=ersd.load_watermark(path))`` (docs/watermark.md#vllm)
     ersd_watermark_context   int (optional): the watermark's context width, overriding the file's
+    ersd_race_scheme  "v1" (default) or "v2" (optional): how the races are drawn, as
+                      ``ersd.generate(..., race_scheme=)`` (docs/race-schemes.md); not with a
+                      watermark (its races are the key's PRF)
 
 vLLM's greedy verification then performs ERSD's check on race-perturbed rows (docs/vllm.md).
 This module imports vLLM lazily: the request helpers need it, the parsing and checks do not.
@@ -35,6 +38,7 @@ EXTRA_KEYS = (
     "ersd_top_p",
     "ersd_watermark_key_file",
     "ersd_watermark_context",
+    "ersd_race_scheme",
 )
 
 
@@ -50,6 +54,8 @@ class ErsdRequestParams:
     sampling: ErsdSamplingParams
     #: the secret-keyed race this request's tokens win (None: the plain race of the seed)
     watermark: Watermark | None = None
+    #: how the plain race's noise is drawn (:data:`ersd.race.RACE_SCHEMES`)
+    race_scheme: str = "v1"
 
     @property
     def group(self) -> tuple[float, int | None, float | None]:
@@ -98,9 +104,30 @@ def parse_extra_args(extra_args: dict[str, Any] | None) -> ErsdRequestParams | N
         )
     except ErsdError as e:
         raise VllmIntegrationError(f"bad ERSD sampling settings in extra_args: {e}") from e
+    watermark = _watermark(extra_args, sampling)
     return ErsdRequestParams(
-        seed=seed, sampling=sampling, watermark=_watermark(extra_args, sampling)
+        seed=seed,
+        sampling=sampling,
+        watermark=watermark,
+        race_scheme=_race_scheme(extra_args, watermark),
     )
+
+
+def _race_scheme(extra_args: dict[str, Any], watermark: Watermark | None) -> str:
+    from ersd.race import DEFAULT_RACE_SCHEME, check_race_scheme
+
+    scheme = extra_args.get("ersd_race_scheme", DEFAULT_RACE_SCHEME)
+    try:
+        check_race_scheme(scheme)
+    except ValueError as e:
+        raise VllmIntegrationError(f"ersd_{e}") from None
+    if watermark is not None and scheme != DEFAULT_RACE_SCHEME:
+        raise VllmIntegrationError(
+            f"ersd_race_scheme={scheme!r} does not apply to a watermarked request (its races are "
+            f"the key's PRF); leave ersd_race_scheme unset (or {DEFAULT_RACE_SCHEME!r}) with "
+            "ersd_watermark_key_file"
+        )
+    return str(scheme)
 
 
 def _watermark(extra_args: dict[str, Any], sampling: ErsdSamplingParams) -> Watermark | None:
@@ -197,9 +224,11 @@ def ersd_extra_args(
     *,
     watermark_key_file: str | os.PathLike[str] | None = None,
     watermark_context: int | None = None,
+    race_scheme: str | None = None,
 ) -> dict[str, Any]:
     """The flat extra arguments of an ERSD request (``vllm_xargs`` for the OpenAI client);
-    ``watermark_key_file``: watermark it with that key (a path the vLLM process can read)."""
+    ``watermark_key_file``: watermark it with that key (a path the vLLM process can read);
+    ``race_scheme``: ``"v1"`` (the default) or ``"v2"`` (docs/race-schemes.md)."""
     out: dict[str, Any] = {"ersd_seed": int(seed), "ersd_temperature": float(temperature)}
     if top_k is not None:
         out["ersd_top_k"] = int(top_k)
@@ -209,6 +238,8 @@ def ersd_extra_args(
         out["ersd_watermark_key_file"] = os.fspath(watermark_key_file)
     if watermark_context is not None:
         out["ersd_watermark_context"] = watermark_context
+    if race_scheme is not None:
+        out["ersd_race_scheme"] = race_scheme
     parse_extra_args(out)  # validate now, not in the engine
     return out
 
@@ -221,11 +252,12 @@ def ersd_sampling_params(
     *,
     watermark_key_file: str | os.PathLike[str] | None = None,
     watermark_context: int | None = None,
+    race_scheme: str | None = None,
     **vllm_kwargs: Any,
 ) -> Any:
     """A ``vllm.SamplingParams`` for an ERSD request (other vLLM settings via ``vllm_kwargs``,
-    e.g. ``max_tokens``, ``stop``, ``ignore_eos``); ``watermark_key_file`` as
-    :func:`ersd_extra_args`."""
+    e.g. ``max_tokens``, ``stop``, ``ignore_eos``); ``watermark_key_file`` and ``race_scheme``
+    as :func:`ersd_extra_args`."""
     from vllm import SamplingParams
 
     if "temperature" in vllm_kwargs or "extra_args" in vllm_kwargs:
@@ -242,6 +274,7 @@ def ersd_sampling_params(
             top_p,
             watermark_key_file=watermark_key_file,
             watermark_context=watermark_context,
+            race_scheme=race_scheme,
         ),
         **vllm_kwargs,
     )

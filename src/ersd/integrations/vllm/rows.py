@@ -26,22 +26,27 @@ from ersd.race import STREAM_RACE, RaceNoise, extend_key, root_key
 from ersd.watermark.keyed import WatermarkKey, race_noise
 from ersd.watermark.settings import Watermark
 
-_NOISE: dict[tuple[int, Watermark | None], RaceNoise] = {}
+_NOISE: dict[tuple[int, Watermark | None, str], RaceNoise] = {}
 #: Memory for cached races per vocabulary (bytes): the drafter races the contexts the verifier
 #: checks next, so a cache that holds a step's races halves the noise work with a draft model.
 NOISE_CACHE_BYTES = 512 << 20
 
 
-def noise_for(vocab_size: int, watermark: Watermark | None = None) -> RaceNoise:
-    """The process-wide :class:`~ersd.race.RaceNoise` of a vocabulary (its cache is shared by the
-    drafter and the verifier, which race the same contexts); with a watermark, that watermark's
-    keyed noise (:func:`ersd.watermark.keyed.race_noise`, as ``ersd.generate`` uses)."""
-    noise = _NOISE.get((vocab_size, watermark))
+def noise_for(vocab_size: int, watermark: Watermark | None = None, scheme: str = "v1") -> RaceNoise:
+    """The process-wide :class:`~ersd.race.RaceNoise` of a vocabulary and race scheme (its cache
+    is shared by the drafter and the verifier, which race the same contexts); with a watermark,
+    that watermark's keyed noise (:func:`ersd.watermark.keyed.race_noise`, as ``ersd.generate``
+    uses; its scheme is the key's)."""
+    noise = _NOISE.get((vocab_size, watermark, scheme))
     if noise is None:
         size = max(16, NOISE_CACHE_BYTES // (8 * vocab_size))
-        if watermark is not None:  # a few keys at most; each its own share of the budget
+        if watermark is not None or scheme != "v1":  # each its own share of the budget
             size = max(16, size // 4)
-        noise = _NOISE[(vocab_size, watermark)] = race_noise(vocab_size, watermark, size)
+        if watermark is not None:
+            noise = race_noise(vocab_size, watermark, size)
+        else:
+            noise = RaceNoise(vocab_size, size, scheme=scheme)
+        _NOISE[(vocab_size, watermark, scheme)] = noise
     return noise
 
 
@@ -55,14 +60,15 @@ def noise_backend() -> str:
 
 
 def race_exponentials(
-    keys: Sequence[int], vocab_size: int, device: torch.device | str = "cpu"
+    keys: Sequence[int], vocab_size: int, device: torch.device | str = "cpu", scheme: str = "v1"
 ) -> torch.Tensor:
-    """``E`` for each key as one float64 ``[len(keys), vocab_size]`` tensor (stream 0)."""
+    """``E`` for each key as one float64 ``[len(keys), vocab_size]`` tensor (stream 0), drawn
+    under race scheme ``scheme``."""
     if noise_backend() == "torch":
         from ersd.race_torch import race_exponentials_torch
 
-        return race_exponentials_torch(list(keys), vocab_size, STREAM_RACE, device)
-    noise = noise_for(vocab_size)
+        return race_exponentials_torch(list(keys), vocab_size, STREAM_RACE, device, scheme=scheme)
+    noise = noise_for(vocab_size, None, scheme)
     return torch.stack([noise.exponentials(k, STREAM_RACE) for k in keys]).to(device)
 
 
@@ -98,16 +104,20 @@ def row_exponentials(
     vocab_size: int,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """``E`` of every row: :func:`race_exponentials` for plain rows, the watermark's keyed noise
-    (on the host, then moved) for watermarked ones."""
+    """``E`` of every row: :func:`race_exponentials` for plain rows (each its request's race
+    scheme), the watermark's keyed noise (on the host, then moved) for watermarked ones."""
     marked = [r for r, p in enumerate(params) if p.watermark is not None]
-    if not marked:
-        return race_exponentials(keys, vocab_size, device)
+    schemes: dict[str, list[int]] = {}
+    for r, p in enumerate(params):
+        if p.watermark is None:
+            schemes.setdefault(p.race_scheme, []).append(r)
+    if not marked and len(schemes) <= 1:
+        scheme = next(iter(schemes), "v1")
+        return race_exponentials(keys, vocab_size, device, scheme)
     out = torch.empty((len(keys), vocab_size), dtype=torch.float64, device=device)
-    plain = [r for r, p in enumerate(params) if p.watermark is None]
-    if plain:
+    for scheme, plain in schemes.items():
         idx = torch.tensor(plain, device=device)
-        out[idx] = race_exponentials([keys[r] for r in plain], vocab_size, device)
+        out[idx] = race_exponentials([keys[r] for r in plain], vocab_size, device, scheme)
     for r in marked:
         noise = noise_for(vocab_size, params[r].watermark)
         out[r] = noise.exponentials(keys[r], STREAM_RACE).to(device)

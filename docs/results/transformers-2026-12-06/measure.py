@@ -39,6 +39,9 @@ for T in (1.0, 0.0):
                                             seed=r * 100 + i, max_new_tokens=N, eos_token_id=2, **ersd_s)
                         n = len(out.tokens)
                     else:
+                        # BUG in this run (found 2026-12-06 on the Qwen run): transformers reads
+                        # these from the assistant's generation config, so assisted generation
+                        # here drafted its default 20 tokens, not K; see README.md
                         model.generation_config.num_assistant_tokens = K
                         model.generation_config.num_assistant_tokens_schedule = "constant"
                         out = model.generate(**enc, assistant_model=draft, max_new_tokens=N, **samp)

@@ -110,7 +110,10 @@ def _first_rows(rows: np.ndarray) -> np.ndarray:
             key += rows[:, j].astype(np.uint64)
     order = np.argsort(key)
     sk = key[order]
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    new_key = sk[1:] != sk[:-1]
+    if new_key.all():  # every key distinct, so every row is (the usual case in real text)
+        return np.arange(m)
+    starts = np.flatnonzero(np.concatenate(([True], new_key)))
     sizes = np.diff(np.append(starts, m))
     first = np.minimum.reduceat(order, starts)  # the earliest position with each key
     shared = np.repeat(sizes > 1, sizes)
@@ -141,6 +144,8 @@ def _scored_arrays(
         empty = np.zeros(0, dtype=np.int64)
         return np.zeros((0, context_width), dtype=np.int64), empty, empty
     first = _first_rows(rows)
+    if len(first) == len(rows):  # no repeated window: the rows themselves (a read-only view)
+        return rows, ids[start:], np.arange(start, len(ids))
     return rows[first], ids[first + start], first + start
 
 
@@ -155,7 +160,7 @@ def scored_windows(
     before it, ``initial`` -- default ``h`` times ``-1`` -- before the first)."""
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     windows, tokens, positions = _scored_arrays(ids, context_width, initial, start)
-    return windows, tokens.tolist(), positions.tolist()
+    return np.ascontiguousarray(windows), tokens.tolist(), positions.tolist()
 
 
 def scored_windows_reference(

@@ -110,17 +110,19 @@ def compare(toks: list[int], wm: Watermark, salt: int | None, repeats: int) -> d
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1_000_000)
+    ap.add_argument(
+        "--all-salts-tokens", type=int, help="text length when every salt is tried (tokens / 8)"
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", help="write the JSON report here too")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(1)
     toks = rng.integers(0, VOCAB, args.tokens).tolist()
+    n_all = args.all_salts_tokens or args.tokens // 8
     report = {
         "one_salt": compare(toks, Watermark(key=KEY), 0, args.repeats),
-        "all_8_salts": compare(
-            toks[: args.tokens // 8], Watermark(key=KEY, num_salts=8), None, args.repeats
-        ),
-        "all_256_salts": compare(toks[: args.tokens // 8], Watermark(key=KEY), None, args.repeats),
+        "all_8_salts": compare(toks[:n_all], Watermark(key=KEY, num_salts=8), None, args.repeats),
+        "all_256_salts": compare(toks[:n_all], Watermark(key=KEY), None, args.repeats),
     }
     text = json.dumps(report, indent=1)
     print(text)

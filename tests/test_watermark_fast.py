@@ -94,7 +94,7 @@ def test_blake2b_refuses_bad_parameters() -> None:
 
 def test_philox_lane_equals_the_whole_block() -> None:
     rng = np.random.default_rng(2)
-    n = 3 * 4096 + 7  # several chunks
+    n = 2 * 8192 + 7  # several chunks
     counter = rng.integers(0, 2**62, n, dtype=np.uint64) + np.uint64(1)
     k0 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     k1 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)

@@ -115,8 +115,9 @@ def philox4x64(
 
 _MUL = {m: (np.uint64(m), np.uint64(m & _U32), np.uint64(m >> 32)) for m in (_P64_M0, _P64_M1)}
 _S32 = np.uint64(32)
-#: tokens per pass of :func:`philox4x64_lane` (its ~20 scratch words each stay in L2)
-_CHUNK = 4096
+#: tokens per pass of :func:`philox4x64_lane` (its 13 scratch words each stay in L2; 8192 measured
+#: ~10% faster than 4096, 32768 slower)
+_CHUNK = 8192
 
 
 def _mulhilo64_into(a: np.ndarray, m: int, hi: np.ndarray, lo: np.ndarray, t: np.ndarray) -> None:

@@ -245,3 +245,18 @@ def test_reference_comparison_can_fail() -> None:
     u_all = wm.prf(0).uniform_at(all_rows, ids[4:])
     broken = sidak(gamma_p_value(float((-np.log1p(-u_all)).sum()), len(all_rows)), 1)
     assert broken != _reference(ids, wm, 0, None)[0] == detect(ids, wm, salt=0).p_value
+
+
+def test_speed_study_times_the_reference_against_the_fast_path() -> None:
+    """``research/watermark_detector_speed.py``: its "old" arm really runs the reference path
+    (swapped in, then restored) and its report says whether the two agreed."""
+    from research.watermark_detector_speed import compare, reference_path
+
+    fast = ErsdPRF.uniform_at
+    with reference_path():
+        assert ErsdPRF.uniform_at is ErsdPRF.uniform_at_reference
+    assert ErsdPRF.uniform_at is fast
+    toks = np.random.default_rng(7).integers(0, 151_936, 3000).tolist()
+    r = compare(toks, Watermark(key=bytes(range(32)), num_salts=3), None, 2)
+    assert r["p_values_identical"] and r["scored"] == 2996 and r["salts_tried"] == 3
+    assert len(r["cpu"]["old_s"]) == len(r["wall"]["new_s"]) == 2

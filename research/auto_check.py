@@ -24,12 +24,34 @@ committing, drafting) -- auto's own cost, apart from the machine's noise in the 
         --temperatures 0 1 --per-set 2 --control --out llamacpp-control.json
     python -m research.auto_check --backend llamacpp --threads 2 --tokens 96 --batch 8 \\
         --repeats 3 --temperatures 0 1 --per-set 2 --out llamacpp-b8.json
+
+``--old-auto REF`` adds ``auto-old`` to the rotation: ``auto`` as the library was at commit
+``REF`` (``bd30beb^``: the code before issue 50's package), run in a subprocess of its own
+(:class:`Worker`: the ``src`` of ``REF`` extracted with ``git archive``, the models loaded once,
+each run asked for in turn) with its own copy of the cost store as this process prepared it (that
+code writes every run's observations into its store, as it did then).  ``--auto-worker`` also
+runs the current ``auto`` the same way (``auto-new``), so that new against old compares two
+subprocesses alike.  Each cell then has ``auto/auto-old`` (and ``auto-new/auto-old``) and the
+old code's draft forwards; ``checks`` lists issue 50's criteria per cell (auto ÷ the best fixed
+tree ≥ 0.95 per category with ``--fixed``; on llama.cpp auto ÷ plain ≥ 0.98 with zero draft
+forwards; new ÷ old not below 1 beyond its interval).
+
+    python -m research.auto_check --backend hf --dtype float32 --draft-dtype int8 --tokens 96 \\
+        --temperatures 0 1 --per-set 1 --fixed chain:4 chain:8 --old-auto 'bd30beb^' \\
+        --out new-old.json
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -37,6 +59,11 @@ from pathlib import Path
 from typing import Any
 
 SETS = ("humaneval", "mtbench", "math", "grounded")
+REPO = Path(__file__).resolve().parents[1]
+#: a line a worker writes for its parent (any other line on its stdout is the library's)
+TAG = "@@auto_check "
+#: the configurations run by a worker subprocess
+WORKERS = ("auto-old", "auto-new")
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -50,7 +77,6 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import ersd
     from ersd.auto import CurveCache, prepare_costs
     from ersd.bench.prompts import encode_prompt, load_prompts
     from ersd.tree import AutoTree
@@ -58,7 +84,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target, draft = load(args)
     prompts = [p for s in args.sets for p in load_prompts([s], "eval", args.per_set)]
     encoded = [encode_prompt(target.tokenizer, p, "auto", 384) for p in prompts]
-    curves = CurveCache()
+    # the curves measured here are kept in the store (a worker reads the same ones from its
+    # copy); the timed runs only read it
+    workers_wanted = bool(getattr(args, "old_auto", None) or getattr(args, "auto_worker", False))
+    curves = CurveCache(learn=workers_wanted)
     t0 = time.perf_counter()
     prepare_costs(target, draft, encoded[0], args.batch, curves)
     setup: dict[str, Any] = {
@@ -78,20 +107,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves.store.put_profile(target, draft, "ersd", temp, probs, sum(trials), trials=trials)
             setup[f"profile_T={temp:g}"] = [round(row[0], 3) for row in probs]
         setup["profile_s"] = time.perf_counter() - t1
+    curves.learn = False  # a timed run writes nothing
     auto = AutoTree(costs=curves)
-    configs = config_list(args, draft, auto)
+    workers = start_workers(args, curves, encoded[0], setup)
+    try:
+        configs = config_list(args, draft, auto, workers)
+        rows = timed_runs(args, target, configs, prompts, encoded)
+    finally:
+        for w in workers.values():
+            w.close()
+    return {
+        "args": vars(args),
+        "setup": setup,
+        "target": target.describe(),
+        "draft": draft.describe(),
+        "rows": rows,
+        "summary": summarise(rows, list(args.fixed), args.backend),
+    }
+
+
+def timed_runs(
+    args: argparse.Namespace,
+    target: Any,
+    configs: list[tuple[str, Any, Any]],
+    prompts: list[Any],
+    encoded: list[list[int]],
+) -> list[dict[str, Any]]:
+    """A warm-up of every configuration, then the timed runs in rotation."""
+    import ersd
+
     eos = target.eos_token_ids or None
     for _, d, tree in configs:  # warm-up: every configuration once, untimed
+        if isinstance(tree, Worker):
+            tree.call(op="generate", prompt=encoded[0], tokens=4, temperature=1.0, seed=0)
+            if args.batch > 1:
+                tree.call(op="batch", prompts=encoded[: args.batch], tokens=4, temperature=1.0)
+            continue
         ersd.generate(target, d, encoded[0], max_new_tokens=4, tree=tree, temperature=1.0)
         if args.batch > 1:
             group = encoded[: args.batch]
             ersd.generate_batch(target, d, group, max_new_tokens=4, tree=tree, temperature=1.0)
     if args.batch > 1:
-        rows = run_batches(args, target, configs, encoded, eos)
-    else:
-        rows = []
-        for i, temp, rep, (name, d, tree) in rotations(len(prompts), args, configs):
-            p = prompts[i]
+        return run_batches(args, target, configs, encoded, eos)
+    rows = []
+    for i, temp, rep, (name, d, tree) in rotations(len(prompts), args, configs):
+        p = prompts[i]
+        stop = eos if args.eos else None
+        if isinstance(tree, Worker):
+            fields = tree.call(
+                op="generate",
+                prompt=encoded[i],
+                tokens=args.tokens,
+                temperature=temp,
+                seed=i,
+                eos=stop,
+            )
+        else:
             res = ersd.generate(
                 target,
                 d,
@@ -100,43 +171,264 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tree=tree,
                 temperature=temp,
                 seed=i,
-                eos_token_id=eos if args.eos else None,
+                eos_token_id=stop,
             )
-            row = {
-                "prompt": p.id,
-                "set": p.set,
-                "domain": p.domain,
-                "temperature": temp,
-                "repeat": rep,
-                "config": name,
-                "tokens": len(res.tokens),
-                "seconds": res.wall_time,
-                "rate": res.tokens_per_second,
-                "target_s": res.target_time,
-                "loop_s": res.wall_time - res.target_time,
-                "target_calls": res.target_calls,
-                "draft_forwards": res.draft_forwards,
-                "auto_choices": res.auto_choices or None,
-                "finding_out": res.auto_finding_out,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            fields = single_fields(res)
+        row = {
+            "prompt": p.id,
+            "set": p.set,
+            "domain": p.domain,
+            "temperature": temp,
+            "repeat": rep,
+            "config": name,
+            **fields,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def single_fields(res: Any) -> dict[str, Any]:
+    """What a row records of one ``ersd.generate`` result (any version of the library)."""
     return {
-        "args": vars(args),
-        "setup": setup,
-        "target": target.describe(),
-        "draft": draft.describe(),
-        "rows": rows,
-        "summary": summarise(rows, list(args.fixed)),
+        "tokens": len(res.tokens),
+        "seconds": res.wall_time,
+        "rate": res.tokens_per_second,
+        "target_s": res.target_time,
+        "loop_s": res.wall_time - res.target_time,
+        "target_calls": res.target_calls,
+        "draft_forwards": res.draft_forwards,
+        "auto_choices": getattr(res, "auto_choices", None) or None,
+        "finding_out": getattr(res, "auto_finding_out", None),
     }
 
 
-def config_list(args: argparse.Namespace, draft: Any, auto: Any) -> list[tuple[str, Any, Any]]:
+def batch_fields(out: list[Any], seconds: float) -> dict[str, Any]:
+    """What a row records of one ``ersd.generate_batch`` call that took ``seconds``."""
+    tokens = sum(len(r.tokens) for r in out)
+    shares = [f for r in out if (f := getattr(r, "auto_finding_out", None))]
+    choices: dict[str, int] = defaultdict(int)
+    for r in out:
+        for c, n in (getattr(r, "auto_choices", None) or {}).items():
+            choices[c] += n
+    return {
+        "rows": len(out),
+        "tokens": tokens,
+        "seconds": seconds,
+        "rate": tokens / seconds,
+        "target_calls": max(r.target_calls for r in out),
+        "draft_forwards": sum(r.draft_forwards for r in out),
+        "auto_choices": dict(choices) or None,
+        "finding_out": max(shares, key=lambda f: f.get("share", 0.0)) if shares else None,
+    }
+
+
+class WorkerError(RuntimeError):
+    """A worker subprocess failed: it exited, or answered with an error."""
+
+
+class Worker:
+    """``auto`` run in a subprocess of its own (``--old-auto``, ``--auto-worker``): the library
+    from ``src`` (first on its ``PYTHONPATH``), the cost store from ``store_dir`` (None: off),
+    the models loaded once; :meth:`call` asks it for one run and returns that run's fields.
+    The worker is this module's :func:`worker` (``--worker``)."""
+
+    def __init__(
+        self, name: str, src: Path, args: argparse.Namespace, store_dir: str | None
+    ) -> None:
+        self.name = name
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(src), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+        )
+        env["ERSD_COST_STORE"] = store_dir if store_dir is not None else "off"
+        cmd = [sys.executable, "-m", "research.auto_check", "--worker", *model_argv(args)]
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        hello = self._read()
+        self.ersd_file = str(hello["ersd"])
+        if not Path(self.ersd_file).resolve().is_relative_to(Path(src).resolve()):
+            self.close()
+            raise WorkerError(
+                f"worker {name}: imported ersd from {self.ersd_file}, not from {src}; run "
+                "without an installed copy of ersd shadowing PYTHONPATH"
+            )
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                code = self.proc.wait()
+                raise WorkerError(f"worker {self.name} exited with status {code} (see its stderr)")
+            if line.startswith(TAG):
+                msg = json.loads(line[len(TAG) :])
+                if "error" in msg:
+                    raise WorkerError(f"worker {self.name}: {msg['error']}")
+                return msg
+
+    def call(self, **request: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def model_argv(args: argparse.Namespace) -> list[str]:
+    """The model options of ``args`` as command-line arguments (for a worker)."""
+    out = ["--backend", args.backend, "--target", args.target, "--draft", args.draft]
+    out += ["--dtype", args.dtype]
+    if args.draft_dtype:
+        out += ["--draft-dtype", args.draft_dtype]
+    if args.threads is not None:
+        out += ["--threads", str(args.threads)]
+    return out
+
+
+def checkout_src(ref: str, into: Path) -> Path:
+    """The ``src`` folder of commit ``ref`` of this repository, extracted under ``into``."""
+    try:
+        tar = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", ref, "src"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except subprocess.CalledProcessError as exc:
+        msg = exc.stderr.decode(errors="replace").strip().splitlines()
+        raise SystemExit(
+            f"--old-auto {ref!r}: git archive failed ({msg[-1] if msg else exc}); give a commit "
+            "of this repository, e.g. 'bd30beb^' (the code before issue 50's package)"
+        ) from None
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    return into / "src"
+
+
+def start_workers(
+    args: argparse.Namespace, curves: Any, context: list[int], setup: dict[str, Any]
+) -> dict[str, Worker]:
+    """The worker configurations asked for (``--old-auto``, ``--auto-worker``), each with its
+    own copy of the cost store as prepared so far, its curves prepared before any timed run."""
+    wanted: dict[str, Path] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="auto_check-"))
+    if getattr(args, "old_auto", None):
+        wanted["auto-old"] = checkout_src(args.old_auto, tmp / "old")
+    if getattr(args, "auto_worker", False):
+        import ersd
+
+        wanted["auto-new"] = Path(ersd.__file__).resolve().parents[1]
+    workers: dict[str, Worker] = {}
+    try:
+        for name, src in wanted.items():
+            store_dir = None
+            store = curves.store
+            if store is not None and store.directory is not None:
+                store_dir = str(tmp / f"store-{name}")
+                if store.directory.exists():
+                    shutil.copytree(store.directory, store_dir)
+            w = Worker(name, src, args, store_dir)
+            workers[name] = w
+            t0 = time.perf_counter()
+            got = w.call(op="prepare", context=context, batch=args.batch)
+            setup[f"{name}_setup"] = {
+                **got,
+                "ersd": w.ersd_file,
+                "prepare_s": time.perf_counter() - t0,
+            }
+    except BaseException:
+        for w in workers.values():
+            w.close()
+        raise
+    return workers
+
+
+def worker(args: argparse.Namespace) -> None:
+    """``--worker``: load the models, then answer the parent's requests (one JSON line each on
+    stdin; each answer one line on stdout, tagged) with this process's ``ersd`` -- whichever
+    version ``PYTHONPATH`` gives.  Uses only what every version since issue 30 has."""
+    import ersd
+    from ersd.auto import CurveCache, prepare_costs
+    from ersd.tree import AutoTree
+
+    out = sys.stdout
+
+    def send(msg: dict[str, Any]) -> None:
+        out.write(TAG + json.dumps(msg, default=str) + "\n")
+        out.flush()
+
+    target, draft = load(args)
+    curves = CurveCache()
+    auto = AutoTree(costs=curves)
+    eos_ids = target.eos_token_ids or None
+    send({"ersd": ersd.__file__})
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            if op == "exit":
+                break
+            if op == "prepare":
+                prepare_costs(target, draft, req["context"], req["batch"], curves)
+                store = curves.store
+                send({"measured": curves.measurements, "from_store": store.hits if store else 0})
+            elif op == "generate":
+                res = ersd.generate(
+                    target,
+                    draft,
+                    req["prompt"],
+                    max_new_tokens=req["tokens"],
+                    tree=auto,
+                    temperature=req["temperature"],
+                    seed=req.get("seed", 0),
+                    eos_token_id=eos_ids if req.get("eos") else None,
+                )
+                send(single_fields(res))
+            elif op == "batch":
+                group = req["prompts"]
+                t0 = time.perf_counter()
+                res_b = ersd.generate_batch(
+                    target,
+                    draft,
+                    group,
+                    max_new_tokens=req["tokens"],
+                    tree=auto,
+                    temperature=req["temperature"],
+                    seeds=list(range(len(group))),
+                    eos_token_id=eos_ids if req.get("eos") else None,
+                )
+                send(batch_fields(res_b, time.perf_counter() - t0))
+            else:
+                send({"error": f"unknown op {op!r}"})
+        except Exception as exc:  # the parent raises it, naming this worker
+            send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def config_list(
+    args: argparse.Namespace, draft: Any, auto: Any, workers: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """The compared configurations (name, draft, tree): plain, auto, the control (a second
-    plain, with ``--control``) and the fixed trees."""
+    plain, with ``--control``), the workers' auto (``auto-old`` with ``--old-auto``,
+    ``auto-new`` with ``--auto-worker``; the tree is the :class:`Worker`) and the fixed trees."""
     configs: list[tuple[str, Any, Any]] = [("plain", None, "chain:1"), ("auto", draft, auto)]
     if getattr(args, "control", False):
         configs.append(("plain-b", None, "chain:1"))
+    workers = workers or {}
+    if getattr(args, "old_auto", None):
+        configs.append(("auto-old", draft, workers.get("auto-old")))
+    if getattr(args, "auto_worker", False):
+        configs.append(("auto-new", draft, workers.get("auto-new")))
     return configs + [(f, draft, f) for f in args.fixed]
 
 
@@ -170,27 +462,27 @@ def run_batches(
     import ersd
 
     rows: list[dict[str, Any]] = []
+    eos_on = bool(eos) and bool(args.eos)
     batches = [encoded[j : j + args.batch] for j in range(0, len(encoded), args.batch)]
     for j, temp, rep, (name, d, tree) in rotations(len(batches), args, configs):
         group = batches[j]
-        t0 = time.perf_counter()
-        out = ersd.generate_batch(
-            target,
-            d,
-            group,
-            max_new_tokens=args.tokens,
-            tree=tree,
-            temperature=temp,
-            seeds=list(range(len(group))),
-            eos_token_id=eos if args.eos else None,
-        )
-        seconds = time.perf_counter() - t0
-        tokens = sum(len(r.tokens) for r in out)
-        shares = [r.auto_finding_out for r in out if r.auto_finding_out]
-        choices: dict[str, int] = defaultdict(int)
-        for r in out:
-            for c, n in (r.auto_choices or {}).items():
-                choices[c] += n
+        if isinstance(tree, Worker):
+            fields = tree.call(
+                op="batch", prompts=group, tokens=args.tokens, temperature=temp, eos=eos_on
+            )
+        else:
+            t0 = time.perf_counter()
+            out = ersd.generate_batch(
+                target,
+                d,
+                group,
+                max_new_tokens=args.tokens,
+                tree=tree,
+                temperature=temp,
+                seeds=list(range(len(group))),
+                eos_token_id=eos if args.eos else None,
+            )
+            fields = batch_fields(out, time.perf_counter() - t0)
         row = {
             "prompt": f"batch{j}/r{rep}",
             "set": f"batch{args.batch}",
@@ -198,14 +490,7 @@ def run_batches(
             "temperature": temp,
             "repeat": rep,
             "config": name,
-            "rows": len(group),
-            "tokens": tokens,
-            "seconds": seconds,
-            "rate": tokens / seconds,
-            "target_calls": max(r.target_calls for r in out),
-            "draft_forwards": sum(r.draft_forwards for r in out),
-            "auto_choices": dict(choices) or None,
-            "finding_out": max(shares, key=lambda f: f.get("share", 0.0)) if shares else None,
+            **fields,
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -256,9 +541,41 @@ def add(c: dict[str, list[float]], cfg: dict[str, dict[str, Any]], fixed: list[s
         if k in a and k in p:
             c[k].append(1e3 * (a[k] / a["tokens"] - p[k] / p["tokens"]))
     c["rate:plain"].append(p["rate"])
+    for w in WORKERS:  # auto run by a worker (--old-auto, --auto-worker)
+        if w in cfg:
+            c[f"rate:{w}"].append(cfg[w]["rate"])
+            c[f"{w}/plain"].append(cfg[w]["rate"] / p["rate"])
+            c[f"{w}_draft_forwards"].append(float(cfg[w]["draft_forwards"]))
+    if "auto-old" in cfg:
+        c["auto/auto-old"].append(a["rate"] / cfg["auto-old"]["rate"])
+        if "auto-new" in cfg:
+            c["auto-new/auto-old"].append(cfg["auto-new"]["rate"] / cfg["auto-old"]["rate"])
 
 
-def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
+def checks(cell_name: str, c: dict[str, list[float]], best: str | None, backend: str | None):
+    """Issue 50's criteria for one cell: ``{criterion: True / False / None (n = 1: no
+    interval)}``.  Auto ÷ the best fixed tree ≥ 0.95 in a category's mean (with fixed trees);
+    on llama.cpp auto ÷ plain ≥ 0.98 in the mean with zero draft forwards; the new auto not
+    below the old beyond its interval (the interval's upper end ≥ 1)."""
+    from ersd.bench.stats import t_interval
+
+    out: dict[str, bool | None] = {}
+    if best is not None and not cell_name.startswith("all "):
+        ratios = [x / y for x, y in zip(c["rate:auto"], c[f"rate:{best}"], strict=True)]
+        out["auto/best-fixed mean >= 0.95"] = t_interval(ratios).mean >= 0.95
+    if backend == "llamacpp":
+        out["auto/plain mean >= 0.98"] = t_interval(c["auto/plain"]).mean >= 0.98
+        out["auto draft forwards == 0"] = sum(c["draft_forwards"]) == 0
+    for key in ("auto/auto-old", "auto-new/auto-old"):
+        if c[key]:
+            high = t_interval(c[key]).high
+            out[f"{key} not below 1 beyond noise"] = None if high != high else high >= 1.0
+    return out
+
+
+def summarise(
+    rows: list[dict[str, Any]], fixed: list[str], backend: str | None = None
+) -> dict[str, Any]:
     from ersd.bench.stats import t_interval
 
     runs: dict[tuple[str, float, str], dict[str, list[dict[str, Any]]]] = defaultdict(
@@ -300,7 +617,19 @@ def summarise(rows: list[dict[str, Any]], fixed: list[str]) -> dict[str, Any]:
             cell["best_fixed"] = best
             cell["auto/best-fixed"] = t_interval(ratios).format(3)
             cell["auto/best-fixed(prompt)"] = t_interval(c["auto/best-fixed(prompt)"]).format(3)
-        out[f"{s} T={temp:g}"] = cell
+        for w in WORKERS:
+            if c[f"{w}/plain"]:
+                cell[f"{w}/plain"] = t_interval(c[f"{w}/plain"]).format(3)
+                cell[f"{w}_draft_forwards"] = int(sum(c[f"{w}_draft_forwards"]))
+                if fixed:
+                    old = [x / y for x, y in zip(c[f"rate:{w}"], c[f"rate:{best}"], strict=True)]
+                    cell[f"{w}/best-fixed"] = t_interval(old).format(3)
+        for key in ("auto/auto-old", "auto-new/auto-old"):
+            if c[key]:
+                cell[key] = t_interval(c[key]).format(3)
+        name = f"{s} T={temp:g}"
+        cell["checks"] = checks(name, c, cell.get("best_fixed"), backend)
+        out[name] = cell
     return out
 
 
@@ -353,7 +682,21 @@ def main() -> None:
         help="calibration prompts of the stored profile (as `ersd models calibrate --prompts`, "
         "whose default this is: code, then chat, then maths; runs before 2026-12-05 took 1)",
     )
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--old-auto",
+        default=None,
+        metavar="REF",
+        help="add auto as it was at commit REF (e.g. 'bd30beb^', before issue 50's package) "
+        "to the rotation, as auto-old, run in a subprocess from that commit's src",
+    )
+    ap.add_argument(
+        "--auto-worker",
+        action="store_true",
+        help="also run the current auto in a subprocess (auto-new), as auto-old is: new "
+        "against old then compares two subprocesses alike",
+    )
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--from-log",
         type=Path,
@@ -361,6 +704,11 @@ def main() -> None:
         help="summarise the rows a (cut) run printed instead of running",
     )
     args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.out is None:
+        ap.error("--out FILE is required (where the rows and the summary are written)")
     if args.from_log is not None:
         rows = []
         for line in args.from_log.read_text().splitlines():
@@ -378,7 +726,10 @@ def main() -> None:
             )
             == len(config_list(args, None, None)) * args.repeats
         ]
-        summary = {"rows": complete, "summary": summarise(complete, list(args.fixed))}
+        summary = {
+            "rows": complete,
+            "summary": summarise(complete, list(args.fixed), args.backend),
+        }
         args.out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
         print(json.dumps(summary["summary"], indent=1))
         return

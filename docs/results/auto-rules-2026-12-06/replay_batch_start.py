@@ -71,11 +71,12 @@ VARIANTS = {
     "margin off": {"batch_start_margin": 0.0},
     "margin 0.05": {"batch_start_margin": 0.05},
     "margin 0.20": {"batch_start_margin": 0.20},
-    # the successor: start only if the predicted saving over the rest of the run repays the
-    # draft's catch-up (``Rules.batch_start_payback``), with no margin / with a 5% one
-    "payback": {"batch_start_margin": 0.0, "batch_start_payback": True},
-    "payback + margin 0.05": {"batch_start_margin": 0.05, "batch_start_payback": True},
 }
+# The candidate successor, start only if the predicted saving over the rest of the run repays
+# the draft's catch-up (``Rules.batch_start_payback``; variants "payback" = that with no margin
+# and "payback + margin 0.05"), was replayed at commit 1e9dd50 (replay_batch_start.md has its
+# columns) and removed with its switch after: to run it again, check that commit's src out
+# (``git archive 1e9dd50 src``, as run.sh does) and add the two variants back.
 
 
 def batch_model(slope: float) -> CostModel:

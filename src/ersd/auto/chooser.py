@@ -409,9 +409,7 @@ class TreeChooser:
             out.append(Candidate(spec, shape, total / finish * seconds, seconds))
         return out, plain
 
-    def _run_state(
-        self, costs: CostModel, context: list[int], batch: int, rest: float | None = None
-    ) -> RunState:
+    def _run_state(self, costs: CostModel, context: list[int], batch: int) -> RunState:
         """The run so far, as :func:`~ersd.auto.policy.decide` takes it.  The draft's catch-up
         is on the tokens it has not seen -- on the first drafting step its whole prompt (lazy
         prefill); the run's time is the time so far or, with a horizon, the predicted time of
@@ -426,7 +424,6 @@ class TreeChooser:
             explore_spent=self.explore_spent,
             run_seconds=max(self.elapsed, self._projected),
             catchup_seconds=draft if catchup > 1 else 0.0,
-            rest_seconds=rest,
         )
 
     def choose(
@@ -462,9 +459,7 @@ class TreeChooser:
         step_tokens = {c.spec: c.tokens / batch for c in predicted}
         if rows is not None and len(rows) == batch > 1 and self.rules.row_factors:
             predicted, plain = self._finish_rates(costs, predicted, rows)
-        # the rest of a batch's run at plain decoding's rate (its rows' tokens left)
-        rest = sum(max(int(n), 1) for _, n in rows) / plain if rows else None
-        d = decide(predicted, plain, self._run_state(costs, context, batch, rest), self.rules)
+        d = decide(predicted, plain, self._run_state(costs, context, batch), self.rules)
         self._can_pay = d.can_pay
         if d.explore:
             self.explore_spent += d.lost

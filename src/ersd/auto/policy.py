@@ -49,7 +49,6 @@ class RunState:
     explore_spent: float = 0.0  # predicted seconds lost to exploration so far
     run_seconds: float = 0.0  # the run's time so far, or its projected time if larger
     catchup_seconds: float = 0.0  # the draft's catch-up if this step drafts (0: nothing to feed)
-    rest_seconds: float | None = None  # predicted seconds of the rest of the run at plain's rate
 
 
 @dataclass(frozen=True)
@@ -79,20 +78,6 @@ def smallest_near_best(
     return min(near, key=lambda c: (c.shape.num_nodes, -c.rate))
 
 
-def batch_start_held(best: Candidate, plain: float, state: RunState, rules: Rules = RULES) -> str:
-    """Why a batch whose draft has not started does not start it on ``best`` (empty: it may):
-    the predicted saving over the rest of the run does not repay the draft's catch-up
-    (``batch_start_payback``, where the rest of the run is known), or the gain is under
-    ``batch_start_margin``."""
-    if rules.batch_start_payback and state.rest_seconds is not None and best.rate > plain:
-        saved = state.rest_seconds * (1.0 - plain / best.rate)
-        if saved <= state.catchup_seconds:
-            return "batch start: the gain would not repay the draft's prefill"
-    if best.rate < (1 + rules.batch_start_margin) * plain:
-        return "batch start: gain under the margin"
-    return ""
-
-
 def decide(
     candidates: list[Candidate], plain: float, state: RunState, rules: Rules = RULES
 ) -> Decision:
@@ -113,11 +98,10 @@ def decide(
         return out(False, "no candidate")
     if not can_pay:
         return out(False, "cannot pay: full acceptance would not beat plain decoding")
-    held = batch_start_held(best, plain, state, rules) if b > 1 and not state.ever_drafted else ""
     if best.rate <= plain:
         why = "plain decoding predicted faster"
-    elif held:
-        why = held
+    elif b > 1 and not state.ever_drafted and best.rate < (1 + rules.batch_start_margin) * plain:
+        why = "batch start: gain under the margin"
     else:
         return out(True, "best predicted rate")
     if state.plain_run >= rules.explore_after:  # draft once, to measure drafting again
@@ -127,11 +111,4 @@ def decide(
     return out(False, why)
 
 
-__all__ = [
-    "Candidate",
-    "Decision",
-    "RunState",
-    "batch_start_held",
-    "decide",
-    "smallest_near_best",
-]
+__all__ = ["Candidate", "Decision", "RunState", "decide", "smallest_near_best"]

@@ -44,9 +44,6 @@ class Rules:
     cannot_pay: bool = True
     #: a batch starts its draft only if drafting beats plain decoding by this share
     batch_start_margin: float = 0.10
-    #: a batch starts its draft only if the predicted saving over the rest of its run repays
-    #: the draft's catch-up (its prefill of every row)
-    batch_start_payback: bool = False
     #: after this many plain steps in a row, draft the best tree once (exploration)
     explore_after: int = 16
     #: exploration may lose at most this share of the run's (projected) time

@@ -60,7 +60,7 @@ class StepCancelled(Exception):
 def torch_modules(*models: Any) -> list[Any]:
     """The ``torch.nn.Module`` of each model that has one (an HF adapter's ``hf_module``, also
     behind a drafter's ``.model``); llama.cpp and function models have none."""
-    found = []
+    found: list[Any] = []
     for model in models:
         for m in (model, getattr(model, "model", None)):
             module = getattr(m, "hf_module", None)

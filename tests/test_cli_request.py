@@ -283,3 +283,19 @@ def test_margins_read_the_request_and_are_not_replayed_under_v2(
     out = margins_after_run(pair, v2, [1, 2, 3], check, logs.append)
     assert out["margins"] is None and len(seen) == 1
     assert "not computed" in logs[-1] and "v2" in logs[-1]
+
+
+@pytest.mark.realmodel
+def test_race_scheme_v2_on_smollm2() -> None:
+    """On a real HF pair: --race-scheme v2's ERSD text is v2's target-only text (--compare) and
+    the library's v2 text for the same seed, and not v1's."""
+    args = ["--target", "smollm2-135m", "--draft", "smollm2-135m", "--draft-layers", "6"]
+    args += ["--dtype", "float32", "--tree", "chain:3", "--max-new-tokens", "10", "--seed", "4"]
+    prompt = "The capital of France is"
+    v2 = _last_json(_run(*args, "--race-scheme", "v2", "--compare", "--json", prompt))
+    assert v2["race_scheme"] == "v2" and v2["identical_to_target_only"] is True
+    target = ersd.load_model("smollm2-135m", dtype="float32")
+    ids = target.tokenizer.encode(prompt)
+    kw: dict[str, Any] = dict(max_new_tokens=10, seed=4, eos_token_id=target.eos_token_ids)
+    assert v2["tokens"] == ersd.generate(target, None, ids, race_scheme="v2", **kw).tokens
+    assert v2["tokens"] != ersd.generate(target, None, ids, race_scheme="v1", **kw).tokens

@@ -289,7 +289,7 @@ def generate(
             )
             return
         request = replace(template, prompt=_encode(pair.target.tokenizer, prompt, chat))
-        out_obj = _generate_one(pair, request, tree, compare=compare, as_json=as_json)
+        out_obj = _generate_one(pair, request, tree, compare=compare, as_json=as_json, log=log)
         out_obj.update(margins_after_run(pair, request, out_obj["tokens"], identity, log))
     except ErsdError as exc:
         message = str(exc)
@@ -347,14 +347,13 @@ def ersd_method(method: str, draft_sharpness: float) -> Any:
 
 
 def _generate_one(
-    pair: Any, request: Request, tree: str, *, compare: bool, as_json: bool
+    pair: Any, request: Request, tree: str, *, compare: bool, as_json: bool, log: Any
 ) -> dict[str, Any]:
     """One prompt's ``request``, streamed (unless ``as_json``); returns the --json object
     (``tree``: the spec as the user wrote it, for the statistics header)."""
     from ersd.generation import generate_request
 
     tmodel, dmodel = pair.target, pair.draft
-    log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     # warm-up: first forwards pay one-time costs (kernels, allocator); keep them out of timings
     warm = replace(request, max_new_tokens=2)
     generate_request(tmodel, dmodel, warm)

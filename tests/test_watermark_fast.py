@@ -27,7 +27,7 @@ from ersd.watermark.detect import (
     scored_windows_reference,
     sidak,
 )
-from ersd.watermark.prf import ErsdPRF, philox4x64, philox4x64_lane
+from ersd.watermark.prf import ErsdPRF, philox4x64, philox4x64_lanes
 
 
 def _hashlib_digests(key: bytes, person: bytes, size: int, msgs: np.ndarray) -> list[bytes]:
@@ -92,18 +92,23 @@ def test_blake2b_refuses_bad_parameters() -> None:
 # --- Philox and the uniforms ---------------------------------------------------------------------
 
 
-def test_philox_lane_equals_the_whole_block() -> None:
+def test_philox_lanes_equal_the_whole_block() -> None:
     rng = np.random.default_rng(2)
     n = 2 * 8192 + 7  # several chunks
     counter = rng.integers(0, 2**62, n, dtype=np.uint64) + np.uint64(1)
     k0 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     k1 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     lane = rng.integers(0, 4, n).astype(np.intp)
-    for salt in (0, 1, 255, 4095):
+    salts = [0, 1, 255, 4095]
+    got = philox4x64_lanes(counter, k0, k1, salts, lane)
+    assert got.shape == (4, n)
+    for i, salt in enumerate(salts):
         want = np.choose(lane, philox4x64(counter, k0, k1, salt))
-        got = philox4x64_lane(counter, k0, k1, salt, lane)
-        assert np.array_equal(got, want)
-        assert not np.array_equal(philox4x64_lane(counter, k0, k1, salt, (lane + 1) % 4), want)
+        assert np.array_equal(got[i], want)
+        # the variant that must fail: another lane of the same block
+        shifted = philox4x64_lanes(counter, k0, k1, [salt], (lane + 1) % 4)[0]
+        assert not np.array_equal(shifted, want)
+    assert np.array_equal(philox4x64_lanes(counter, k0, k1, [255], lane)[0], got[2])
 
 
 @pytest.mark.parametrize("width", [1, 4, 16])

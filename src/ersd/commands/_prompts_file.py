@@ -136,6 +136,37 @@ def encode(tokenizer: Any, line: PromptLine, chat: bool, path: str = "") -> list
         raise InputFileError(f"{path} line {line.line}: {exc}") from None
 
 
+def line_requests(
+    template: Request,
+    lines: list[PromptLine],
+    target: Any,
+    drafter: Any,
+    *,
+    chat: bool,
+    path: str,
+) -> list[Request]:
+    """One request per line: ``template`` with the line's ids, its seed (else
+    ``derive_seed(template.seed, index)``) and its ``max_new_tokens`` (else the template's),
+    every one checked against the models before anything runs; errors name the line."""
+    from ersd.batch import derive_seed
+
+    requests: list[Request] = []
+    for ln in lines:
+        ids = encode(target.tokenizer, ln, chat, path)  # its errors name the line already
+        try:
+            req = replace(
+                template,
+                prompt=ids,
+                seed=ln.seed if ln.seed is not None else derive_seed(template.seed, ln.index),
+                max_new_tokens=ln.max_new_tokens or template.max_new_tokens,
+            )
+            req.check_models(target, drafter)
+        except ErsdError as exc:
+            raise type(exc)(f"{path} line {ln.line}: {exc}", param=exc.param) from None
+        requests.append(req)
+    return requests
+
+
 def run_prompts_file(
     pair: Any,
     lines: list[PromptLine],
@@ -155,25 +186,12 @@ def run_prompts_file(
     seed and length, every one checked against the models before anything runs."""
     from tqdm import tqdm
 
-    from ersd.batch import derive_seed, run_requests
+    from ersd.batch import run_requests
     from ersd.generation import as_drafter, generate_request
 
     tmodel = pair.target
     drafter = as_drafter(pair.draft)
-    requests: list[Request] = []
-    for ln in lines:  # all checked before any runs
-        ids = encode(tmodel.tokenizer, ln, chat, path)  # its errors name the line already
-        try:
-            req = replace(
-                template,
-                prompt=ids,
-                seed=ln.seed if ln.seed is not None else derive_seed(template.seed, ln.index),
-                max_new_tokens=ln.max_new_tokens or template.max_new_tokens,
-            )
-            req.check_models(tmodel, drafter)
-        except ErsdError as exc:
-            raise type(exc)(f"{path} line {ln.line}: {exc}", param=exc.param) from None
-        requests.append(req)
+    requests = line_requests(template, lines, tmodel, drafter, chat=chat, path=path)
     groups: dict[int, list[int]] = defaultdict(list)
     for i, req in enumerate(requests):
         groups[req.max_new_tokens].append(i)

@@ -220,35 +220,17 @@ def generate(
 
     With --prompts-file, generate for every prompt of a JSON Lines file at once (batched).
     """
-    import ersd
     from ersd.commands._prompts_file import read_prompts, run_prompts_file
     from ersd.errors import ErsdError
 
-    if prompts_file is not None:
-        if prompt is not None:
-            raise click.UsageError(
-                "give either PROMPT or --prompts-file, not both (add the prompt to the file as "
-                'a line {"prompt": "..."})'
-            )
-        if compare:
-            raise click.UsageError("--compare runs one prompt; drop it or give PROMPT instead")
-    else:
-        for flag, value in (("--batch-size", batch_size), ("--out", out)):
-            if value is not None:
-                raise click.UsageError(f"{flag} goes with --prompts-file FILE.jsonl")
+    _check_option_mix(prompt, prompts_file, compare, batch_size, out)
     as_json = as_json or out is not None
     prompt = _check_utf8(prompt) if prompt is not None else DEFAULT_PROMPT
     log = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         if config == "auto":
             models, tree = apply_config_auto(models, tree, temperature, log)
-        if watermark_context is not None and watermark_key_file is None:
-            raise click.UsageError("--watermark-context goes with --watermark-key-file FILE")
-        wm = (
-            ersd.load_watermark(watermark_key_file, context_width=watermark_context)
-            if watermark_key_file is not None
-            else None
-        )
+        wm = _load_watermark(watermark_key_file, watermark_context)
         template = _request_template(
             method=ersd_method(method, draft_sharpness),
             tree=tree,
@@ -298,6 +280,37 @@ def generate(
         raise click.ClickException(message) from None
     if as_json:
         click.echo(json.dumps(out_obj))
+
+
+def _check_option_mix(
+    prompt: str | None,
+    prompts_file: str | None,
+    compare: bool,
+    batch_size: int | None,
+    out: str | None,
+) -> None:
+    """Refuse options that do not go together (PROMPT or --prompts-file and their options)."""
+    if prompts_file is not None:
+        if prompt is not None:
+            raise click.UsageError(
+                "give either PROMPT or --prompts-file, not both (add the prompt to the file as "
+                'a line {"prompt": "..."})'
+            )
+        if compare:
+            raise click.UsageError("--compare runs one prompt; drop it or give PROMPT instead")
+    else:
+        for flag, value in (("--batch-size", batch_size), ("--out", out)):
+            if value is not None:
+                raise click.UsageError(f"{flag} goes with --prompts-file FILE.jsonl")
+
+
+def _load_watermark(key_file: str | None, context: int | None) -> Any:
+    """The watermark of ``--watermark-key-file`` (None without one)."""
+    import ersd
+
+    if context is not None and key_file is None:
+        raise click.UsageError("--watermark-context goes with --watermark-key-file FILE")
+    return ersd.load_watermark(key_file, context_width=context) if key_file is not None else None
 
 
 def _request_template(

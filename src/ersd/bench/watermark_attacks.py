@@ -367,18 +367,10 @@ def _paste_records(
     target: Any,
     temp: float,
 ) -> Iterator[dict[str, Any]]:
-    """Text ``j`` of ``full`` meets human chunk ``j`` (the control scores that chunk alone)."""
+    """Text ``j`` of ``full`` meets human chunk ``j`` (the control, after the pastes, scores that
+    chunk alone)."""
     for h in settings.human_tokens:
         chunks = human[h]
-        for j, (i, _) in enumerate(full):
-            chunk = chunks[j % len(chunks)]
-            yield {
-                "attack": "human-only",
-                "setting": f"{h} human tokens",
-                "human_tokens": h,
-                "text": i,
-                **score(chunk, wm, target, temp, expected=False, localize=True),
-            }
         for span in settings.span_tokens:
             for j, (i, ids) in enumerate(full):
                 if len(ids) < span:
@@ -396,6 +388,15 @@ def _paste_records(
                     "iou": span_iou(rec["spans"], a, b),
                     **rec,
                 }
+        for j, (i, _) in enumerate(full):
+            chunk = chunks[j % len(chunks)]
+            yield {
+                "attack": "human-only",
+                "setting": f"{h} human tokens",
+                "human_tokens": h,
+                "text": i,
+                **score(chunk, wm, target, temp, expected=False, localize=True),
+            }
 
 
 def _paraphrase_records(

@@ -109,13 +109,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         setup["profile_s"] = time.perf_counter() - t1
     curves.learn = False  # a timed run writes nothing
     auto = AutoTree(costs=curves)
-    workers = start_workers(args, curves, encoded[0], setup)
-    try:
-        configs = config_list(args, draft, auto, workers)
-        rows = timed_runs(args, target, configs, prompts, encoded)
-    finally:
-        for w in workers.values():
-            w.close()
+    with tempfile.TemporaryDirectory(prefix="auto_check-") as tmp:
+        workers = start_workers(args, curves, encoded[0], setup, Path(tmp))
+        try:
+            configs = config_list(args, draft, auto, workers)
+            rows = timed_runs(args, target, configs, prompts, encoded)
+        finally:
+            for w in workers.values():
+                w.close()
     return {
         "args": vars(args),
         "setup": setup,
@@ -317,12 +318,12 @@ def checkout_src(ref: str, into: Path) -> Path:
 
 
 def start_workers(
-    args: argparse.Namespace, curves: Any, context: list[int], setup: dict[str, Any]
+    args: argparse.Namespace, curves: Any, context: list[int], setup: dict[str, Any], tmp: Path
 ) -> dict[str, Worker]:
     """The worker configurations asked for (``--old-auto``, ``--auto-worker``), each with its
-    own copy of the cost store as prepared so far, its curves prepared before any timed run."""
+    own copy of the cost store as prepared so far (under ``tmp``, with the old checkout), its
+    curves prepared before any timed run."""
     wanted: dict[str, Path] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="auto_check-"))
     if getattr(args, "old_auto", None):
         wanted["auto-old"] = checkout_src(args.old_auto, tmp / "old")
     if getattr(args, "auto_worker", False):

@@ -349,3 +349,34 @@ def test_calls_run_on_the_loop_thread_between_steps() -> None:
         loop.close(timeout=5)
     with pytest.raises(ShuttingDownError):
         loop.call(probe)
+
+
+@pytest.mark.parametrize("prompt", [None, [3, 4, 5]])
+def test_detection_forward_in_chunks_equals_one_forward(prompt: list[int] | None) -> None:
+    """The model-weighted detector's probabilities fed ``chunk`` tokens per engine call equal
+    :func:`model_token_probs`'s one forward (a function model: exactly), one call per chunk;
+    a text within one chunk is that function's own forward, in one call."""
+    import numpy as np
+
+    from ersd.serve.routes.watermark import token_probs
+    from ersd.watermark.weighted import model_token_probs
+
+    target, _ = _models()
+    ids = [
+        int(t) for t in torch.randint(1, POISON, (37,), generator=torch.Generator().manual_seed(2))
+    ]
+    want = model_token_probs(target, ids, prompt, 0.8)
+    calls: list[int] = []
+
+    def run(fn):  # the engine's call, counted
+        calls.append(1)
+        return fn()
+
+    got = token_probs(target, ids, prompt, 0.8, run, chunk=8)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert len(calls) == -(-(len(ids) - (0 if prompt else 1)) // 8)
+    calls.clear()
+    assert np.array_equal(
+        token_probs(target, ids, prompt, 0.8, run, chunk=64), want, equal_nan=True
+    )
+    assert len(calls) == 1

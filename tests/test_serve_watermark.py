@@ -409,3 +409,20 @@ def test_the_key_never_leaks(marked: Server, key_file: Path) -> None:
     haystack = "\n".join([*SEEN, metrics, log, marked.get("/v1/models"), marked.get("/health")])
     for form in _key_forms(key_file):
         assert form not in haystack and form.upper() not in haystack
+
+
+def test_detection_forward_in_chunks_matches_one_forward_on_smollm2(smol: Any) -> None:
+    """A long text's probabilities fed in chunks through one session (the server's path for texts
+    over FORWARD_CHUNK tokens) agree with one forward to float32 rounding on SmolLM2."""
+    import numpy as np
+
+    from ersd.serve.routes.watermark import token_probs
+    from ersd.watermark.weighted import model_token_probs
+
+    ids = smol.tokenizer.encode(PROMPT * 6)
+    prompt = smol.tokenizer.encode("Once more:")
+    for head in (prompt, None):
+        want = model_token_probs(smol, ids, head, 0.7)
+        got = token_probs(smol, ids, head, 0.7, lambda fn: fn(), chunk=16)
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-7, equal_nan=True)
+        assert np.isnan(got[0]) == (head is None)

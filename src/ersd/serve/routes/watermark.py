@@ -17,9 +17,9 @@ by the served target's probability of it, after the request's ``prompt`` / ``mes
 given, at its ``temperature`` (default 1).  The server's key was checked against the target's
 tokenizer at start-up, so the weights are the generator's own.  The one forward over the text
 (prompt included, within ``--max-detect-tokens`` and the context window) runs on the engine's
-thread between two steps (:meth:`~ersd.serve.engine.ServingLoop.call`), like one more prompt to
-prefill; the model-free detector runs first, so a text it refuses (too short, ids outside the
-vocabulary, a bad salt) never costs a forward.
+thread between two steps (:meth:`~ersd.serve.engine.ServingLoop.call`), in chunks of
+:data:`FORWARD_CHUNK` tokens with decode steps between them; the model-free detector runs first,
+so a text it refuses (too short, ids outside the vocabulary, a bad salt) never costs a forward.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ from ersd.serve.requests import ApiError, ServeConfig, context_window
 from ersd.serve.respond import validation_error, watermark_info
 from ersd.serve.text import chat_ids, check_text, prompt_ids
 from ersd.watermark.detect import detect, encode_text
+
+#: the model-weighted detector's forward feeds at most this many tokens per engine call, so
+#: decode steps run between the chunks of a long text (a text this short is one forward, exactly
+#: :func:`ersd.watermark.weighted.model_token_probs`'s)
+FORWARD_CHUNK = 256
 
 #: a text longer than this many characters per allowed token is refused before it is tokenized
 #: (no tokenizer of the catalog averages anywhere near 16 characters per token on real text)
@@ -249,7 +254,7 @@ def _weighted(
     """The model-weighted detection: the target's probabilities of ``ids`` (one forward, on the
     engine's thread), then :func:`~ersd.watermark.weighted.detect_weighted`; ``param`` names
     the input an error blames."""
-    from ersd.watermark.weighted import detect_weighted, model_token_probs
+    from ersd.watermark.weighted import detect_weighted
 
     if temperature > 1e3 or temperature < 1e-3:
         raise ApiError(
@@ -273,11 +278,8 @@ def _weighted(
             param="model",
         )
 
-    def forward() -> Any:
-        return model_token_probs(target, ids, prompt, temperature)
-
     try:
-        probs = serving.call(forward).result()
+        probs = token_probs(target, ids, prompt, temperature, lambda f: serving.call(f).result())
     except ShuttingDownError as exc:
         raise ApiError(503, str(exc), type="service_unavailable", code="shutting_down") from None
     except ErsdError as exc:
@@ -295,6 +297,47 @@ def _weighted(
         )
     except ErsdError as exc:
         raise ApiError(400, f"{param}: {exc}", param=param) from None
+
+
+def token_probs(
+    model: Any,
+    ids: list[int],
+    prompt: list[int] | None,
+    temperature: float,
+    run: Any,
+    chunk: int = FORWARD_CHUNK,
+) -> Any:
+    """Each token's probability under ``model``, as
+    :func:`~ersd.watermark.weighted.model_token_probs` computes it (after ``prompt``, else after
+    the text's first token, whose probability is then ``nan``), with the forwards handed to
+    ``run(fn)`` (the engine's thread) ``chunk`` tokens at a time: a text of at most ``chunk``
+    scored tokens is that function's one forward; a longer one is fed in chunks through one
+    session (each chunk scored, then committed), so decode steps run in between."""
+    import numpy as np
+    import torch
+
+    from ersd.watermark.weighted import model_token_probs
+
+    head = prompt if prompt else ids[:1]
+    rest = ids if prompt else ids[1:]
+    if len(rest) <= chunk:
+        return run(lambda: model_token_probs(model, ids, prompt, temperature))
+    state: dict[str, Any] = {}
+
+    def piece(part: list[int]) -> Any:
+        if "session" not in state:
+            state["session"] = model.start(head)
+        session = state["session"]
+        with torch.no_grad():
+            logits = session.score(part, list(range(-1, len(part) - 1)))
+            session.commit(part, list(range(len(part))))
+        logp = torch.log_softmax(logits[: len(part)].float() / temperature, dim=-1)
+        taken = logp.gather(1, torch.tensor(part, dtype=torch.long).view(-1, 1)).exp()
+        return taken.view(-1).cpu().numpy().astype(np.float64)
+
+    parts = [run(lambda p=rest[i : i + chunk]: piece(p)) for i in range(0, len(rest), chunk)]
+    out = np.concatenate(parts)
+    return out if prompt else np.concatenate([[np.nan], out])
 
 
 def add_routes(app: FastAPI) -> None:

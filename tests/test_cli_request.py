@@ -167,6 +167,8 @@ def test_race_scheme_v2_with_a_watermark_is_one_line_before_loading(
     assert "watermark" in errors[0]
     res = CliRunner().invoke(main, ["generate", *TOY, "--race-scheme", "v3", "hi"])
     assert res.exit_code == 2 and "'v3' is not one of 'v1', 'v2'" in res.output
+    res = CliRunner().invoke(main, ["generate", *TOY, "--watermark-context", "3", "hi"])
+    assert res.exit_code == 2 and "goes with --watermark-key-file" in res.output
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,21 @@ node by node on the CPU -- and the one-sum finiteness check) against the code be
 ("before": node-by-node verification, the entry-wise finiteness check of every scored row; the
 same tokens, checked), alternating, for every ``--batch`` and ``--tree``
 given (comma-separated), ``--repeats`` pairs each: each run's non-forward share of the decode
-steps and tokens/s, then per configuration the medians and the paired ratio.  Run alone:
+steps and tokens/s, then per configuration the medians and the paired ratio.  With
+``--compare-logits`` (issue 47 item 4), no profiler: the target's race winners found from its
+logits ("new": :data:`ersd.verify_batch.FROM_LOGITS`, no float64 softmax where the sampling is
+temperature only) against the float64 probabilities ("before"), under ``--scheme`` (default
+v2), alternating, for every ``--batch`` and ``--tree``: per configuration the non-forward share of
+the decode steps (mean and 95% t-interval over ``--repeats`` runs), its ms per step, the paired
+ratio of the non-forward time and whether every text is the same.  ``--cpu-time`` times
+everything, the forwards included, by this process's CPU time (a loaded host); ``--target
+synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
+the forwards alone, for development).  Run alone:
 
     python -m research.profile_batch --batch 8 --tokens 24
     python -m research.profile_batch --batch 8 --tokens 24 --compare-workers --repeats 3
     python -m research.profile_batch --batch 1,8 --tree chain:4,multi:2x3 --compare-verify
+    python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-logits --repeats 6
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ import cProfile
 import pstats
 import statistics
 import time
+import types
 from typing import Any
 
 import torch
 
 import ersd
+import ersd.models.hf
+from ersd import verify_batch
 from ersd.batch import BatchEngine
 from ersd.bench.prompts import encode_prompt, load_prompts
 from ersd.models import checks
@@ -42,33 +55,47 @@ def _all_finite_entrywise(logits: torch.Tensor) -> bool:
     return bool(torch.isfinite(logits).all())
 
 
+#: the clock of a run: wall time, or this process's CPU time with --cpu-time (the forwards' too)
+CLOCK = time.perf_counter
+
+
 def run(
-    target, draft, ids, tokens: int, tree: str, workers: int | None, batched: bool = True
+    target,
+    draft,
+    ids,
+    tokens: int,
+    tree: str,
+    workers: int | None,
+    batched: bool = True,
+    scheme: str = "v1",
 ) -> dict[str, Any]:
     """One batch through the engine: wall time and its split over the decode steps (every step
     after the first, which feeds the prompts)."""
     engine = BatchEngine(target, draft)
     engine.workers = workers
-    engine.batched_verify = None if batched else False  # None: the engine's default
+    if not batched:  # else the engine's default (batched verification)
+        engine.batched_verify = False
     # the reference ("before") is the code before issue 28: node-by-node verification
     # and the entry-wise finiteness check of every scored row
     checks.all_finite = _all_finite if batched else _all_finite_entrywise
     for i, p in enumerate(ids):
-        engine.add(p, max_new_tokens=tokens, seed=i, tree=tree, temperature=1.0)
+        engine.add(p, max_new_tokens=tokens, seed=i, tree=tree, temperature=1.0, race_scheme=scheme)
     texts: dict[int, list[int]] = {}
     for rid, rec, _ in engine.step():  # prefill
         texts.setdefault(rid, []).extend(rec.tokens)
     t_f0, d_f0 = target.forward_seconds, draft.forward_seconds
-    t0 = time.perf_counter()
-    n = 0
+    t0 = CLOCK()
+    n = steps = 0
     while len(engine):
+        steps += 1
         for rid, rec, _ in engine.step():
             n += len(rec.tokens)
             texts.setdefault(rid, []).extend(rec.tokens)
-    wall = time.perf_counter() - t0
+    wall = CLOCK() - t0
     tf, df = target.forward_seconds - t_f0, draft.forward_seconds - d_f0
     return {
         "wall": wall,
+        "steps": steps,
         "tokens": n,
         "target": tf,
         "draft": df,
@@ -127,6 +154,104 @@ def compare_verify(target, draft, prompts, args) -> None:
             json.dump(rows, f, indent=1)
 
 
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval of ``xs``."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, m, m
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
+    h = t.get(len(xs), 2.0) * statistics.stdev(xs) / len(xs) ** 0.5
+    return m, m - h, m + h
+
+
+def compare_logits(target, draft, prompts, args) -> None:
+    """The target's winners from its logits ("new") against float64 probabilities ("before"),
+    alternating; the non-forward share of the decode steps with intervals (module docstring)."""
+    import json
+
+    rows = []
+    for b in [int(x) for x in args.batch.split(",")]:
+        ids = prompts[:b]
+        for tree in args.tree.split(","):
+            run(target, draft, ids, 4, tree, None, scheme=args.scheme)  # warm-up
+            runs: dict[str, list[dict[str, Any]]] = {"new": [], "before": []}
+            for rep in range(args.repeats):
+                for fast in [True, False] if rep % 2 == 0 else [False, True]:
+                    verify_batch.FROM_LOGITS = fast
+                    try:
+                        r = run(target, draft, ids, args.tokens, tree, None, scheme=args.scheme)
+                    finally:
+                        verify_batch.FROM_LOGITS = True
+                    name = "new" if fast else "before"
+                    runs[name].append(r)
+                    print(
+                        f"B={b} {tree} {name:>6}: {r['tokens']} tokens, {r['steps']} steps in "
+                        f"{r['wall']:.2f}s, other {r['other']:.3f}s ({r['other'] / r['wall']:.2%}, "
+                        f"{1e3 * r['other'] / max(r['steps'], 1):.1f} ms/step), target "
+                        f"{r['target']:.2f}s, draft {r['draft']:.2f}s",
+                        flush=True,
+                    )
+            same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
+            row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
+            row["same_tokens"] = same
+            for name, rs in runs.items():
+                share = [r["other"] / r["wall"] for r in rs]
+                ms = [1e3 * r["other"] / max(r["steps"], 1) for r in rs]
+                row[name] = {"other_share": share, "other_ms_per_step": ms}
+                row[name]["runs"] = [{k: v for k, v in r.items() if k != "texts"} for r in rs]
+                m, lo, hi = interval(share)
+                print(
+                    f"B={b} {tree} {args.scheme} {name:>6}: non-forward share {m:.2%} "
+                    f"[{lo:.2%}, {hi:.2%}], {statistics.fmean(ms):.1f} ms/step",
+                    flush=True,
+                )
+            ratio = [
+                a["other"] / c["other"]
+                for a, c in zip(runs["new"], runs["before"], strict=True)
+                if c["other"] > 0
+            ]
+            row["other_ratio"] = ratio
+            m, lo, hi = interval(ratio)
+            print(
+                f"B={b} {tree}: non-forward time new / before {m:.3f} [{lo:.3f}, {hi:.3f}]; "
+                f"same tokens: {same}",
+                flush=True,
+            )
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def synthetic_pair(vocab: int) -> tuple[Any, Any]:
+    """Two cheap function models over ``vocab`` tokens, shaped like a language model's rows (a
+    fixed Zipf-like background, a few strong tokens chosen by the last token; the draft a noisy
+    copy), each timing its calls in ``forward_seconds`` like the Hugging Face adapter."""
+    g = torch.Generator().manual_seed(0)
+    zipf = -torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
+    base = zipf[torch.randperm(vocab, generator=g)]
+    noise = torch.randn(vocab, generator=g) * 0.5
+
+    def make(draft: bool) -> Any:
+        def fn(seqs: list[list[int]]) -> torch.Tensor:
+            t0 = CLOCK()
+            out = base.repeat(len(seqs), 1)
+            for r, seq in enumerate(seqs):
+                h = hash((len(seq), seq[-1])) & 0xFFFFFFFF
+                top = torch.tensor([(h * (k + 1) * 2654435761) % vocab for k in range(4)])
+                out[r, top] = torch.tensor([9.0, 8.0, 7.0, 6.0])
+            if draft:
+                out += noise
+            model.forward_seconds += CLOCK() - t0
+            return out
+
+        model = ersd.FunctionModel(fn, vocab)
+        model.forward_seconds = 0.0
+        return model
+
+    return make(False), make(True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -138,6 +263,15 @@ def main() -> None:
     ap.add_argument("--dump", default=None, help="also save the cProfile stats to this file")
     ap.add_argument("--compare-workers", action="store_true")
     ap.add_argument("--compare-verify", action="store_true")
+    ap.add_argument("--compare-logits", action="store_true")
+    ap.add_argument(
+        "--scheme",
+        default=None,
+        help="the race scheme (default: v2 with --compare-logits, else v1)",
+    )
+    ap.add_argument("--cpu-time", action="store_true", help="time by this process's CPU time")
+    ap.add_argument("--draft-dtype", default="int8")
+    ap.add_argument("--draft-layers", type=int, default=None, help="a layer-truncated target")
     ap.add_argument("--json", default=None, help="--compare-verify: save the runs to this file")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
@@ -147,22 +281,41 @@ def main() -> None:
         help="cProfile mode: the engine's row threads (1: the rows' work on the profiled thread)",
     )
     args = ap.parse_args()
-    target = ersd.load_model(args.target, dtype="float32")
-    draft = ersd.load_model(args.draft, dtype="int8")
+    global CLOCK
+    args.scheme = args.scheme or ("v2" if args.compare_logits else "v1")
+    if args.cpu_time:
+        CLOCK = time.process_time
+        ersd.models.hf.time = types.SimpleNamespace(perf_counter=time.process_time)  # type: ignore[attr-defined]
     biggest = max(int(x) for x in args.batch.split(","))
-    prompts = load_prompts(["humaneval"], "eval", biggest)
-    ids = [encode_prompt(target.tokenizer, p, "raw", 768) for p in prompts][:biggest]
+    if args.target.startswith("synthetic:"):
+        target, draft = synthetic_pair(int(args.target.split(":")[1]))
+        ids = [[1 + 7 * i, 2 + i, 3] for i in range(biggest)]
+    else:
+        target = ersd.load_model(args.target, dtype="float32")
+        if args.draft_layers is not None:
+            draft = ersd.load_model(
+                args.target, dtype="float32", num_hidden_layers=args.draft_layers
+            )
+        else:
+            draft = ersd.load_model(args.draft, dtype=args.draft_dtype)
+        prompts = load_prompts(["humaneval"], "eval", biggest)
+        ids = [encode_prompt(target.tokenizer, p, "raw", 768) for p in prompts][:biggest]
+    if args.compare_logits:
+        compare_logits(target, draft, ids, args)
+        return
     if args.compare_verify:
         compare_verify(target, draft, ids, args)
         return
-    run(target, draft, ids, 4, args.tree, None)  # warm-up
+    run(target, draft, ids, 4, args.tree, None, scheme=args.scheme)  # warm-up
     if args.compare_workers:
         settings = {"serial": 1, "side by side": torch.get_num_threads()}
         shares: dict[str, list[float]] = {k: [] for k in settings}
         for rep in range(args.repeats):
             order = list(settings) if rep % 2 == 0 else list(settings)[::-1]
             for name in order:
-                r = run(target, draft, ids, args.tokens, args.tree, settings[name])
+                r = run(
+                    target, draft, ids, args.tokens, args.tree, settings[name], scheme=args.scheme
+                )
                 shares[name].append(r["other"] / r["wall"])
                 print(
                     f"{name:>6}: {r['tokens']} tokens in {r['wall']:.1f}s, other "
@@ -175,7 +328,7 @@ def main() -> None:
         return
     prof = cProfile.Profile()
     prof.enable()
-    r = run(target, draft, ids, args.tokens, args.tree, args.workers)
+    r = run(target, draft, ids, args.tokens, args.tree, args.workers, scheme=args.scheme)
     prof.disable()
     print(
         f"B={args.batch} {args.tree}: {r['tokens']} tokens in {r['wall']:.1f}s; target forwards "

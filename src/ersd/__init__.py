@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ersd.batch import BatchEngine, derive_seed, generate_batch, generate_batch_stream
     from ersd.costs import CostModel
     from ersd.drafting import Drafter, DraftSession, ModelDrafter
-    from ersd.generation import generate, generate_stream
+    from ersd.generation import generate, generate_request, generate_stream, stream_request
     from ersd.methods import METHODS, get_method
     from ersd.models.base import LanguageModel, ModelSession, TextModel, Tokenizer
     from ersd.models.function import FunctionModel
@@ -63,6 +63,8 @@ _LAZY: dict[str, str] = {
     "ModelDrafter": "ersd.drafting",
     "generate": "ersd.generation",
     "generate_stream": "ersd.generation",
+    "generate_request": "ersd.generation",
+    "stream_request": "ersd.generation",
     "METHODS": "ersd.methods",
     "get_method": "ersd.methods",
     "FunctionModel": "ersd.models.function",
@@ -137,10 +139,12 @@ __all__ = [
     "generate",
     "generate_batch",
     "generate_batch_stream",
+    "generate_request",
     "generate_stream",
     "get_method",
     "load_model",
     "load_watermark",
     "logits_to_probs",
     "parse_tree",
+    "stream_request",
 ]

@@ -180,3 +180,24 @@ def test_engine_texts_and_ranks_equal_the_reference_path(kw: dict) -> None:
     got = _engine_run(True, **kw)
     assert got == _engine_run(False, **kw)
     assert sum(len(r) for r in got) < 4 * 24  # drafts were accepted: multi-token steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_logits_to_probs_keeps_its_bits_and_the_callers_logits(dtype: torch.dtype) -> None:
+    """The softmax written over logits_to_probs' own float64 temporary gives the bits of
+    ``torch.softmax`` of the float64 logits (one row and a batch, several settings), and never
+    writes over the caller's tensor (float64 logits are not copied by the conversion)."""
+    g = torch.Generator().manual_seed(3)
+    for shape in [(5000,), (4, 5000), (151936,)]:
+        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 4).to(dtype)
+        before = x.clone()
+        for p in [SamplingParams(), SamplingParams(temperature=0.7), SamplingParams(top_k=50)]:
+            ref = x.to(torch.float64)
+            if p.temperature != 1.0:
+                ref = ref / p.temperature
+            if p.top_k is not None:
+                kth = torch.topk(ref, p.top_k, dim=-1).values[..., -1:]
+                ref = ref.masked_fill(ref < kth, float("-inf"))
+            want = torch.softmax(ref, dim=-1)
+            assert torch.equal(logits_to_probs(x, p), want)
+            assert torch.equal(x, before)  # the caller's logits are untouched

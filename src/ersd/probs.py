@@ -60,6 +60,16 @@ def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str =
         raise InvalidLogitsError(f"{who} returned a row of logits that are all -inf")
 
 
+def _softmax_own(x: torch.Tensor) -> torch.Tensor:
+    """``torch.softmax(x, -1)`` written over ``x``, a float64 temporary of
+    :func:`logits_to_probs`' own (never the caller's logits): the same kernel, so the same
+    bits, without a second row-sized allocation (~20% of a 152k-token row's softmax on the CPU).
+    Elsewhere (a device, autograd, a strided row) the ordinary call."""
+    if x.device.type != "cpu" or x.requires_grad or not x.is_contiguous():
+        return torch.softmax(x, dim=-1)
+    return torch.ops.aten._softmax.out(x, -1, False, out=x)
+
+
 def logits_to_probs(
     logits: torch.Tensor, params: SamplingParams, *, rowwise_sum: bool = False
 ) -> torch.Tensor:
@@ -82,7 +92,7 @@ def logits_to_probs(
     if params.top_k is not None and params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))  # softmax renormalises
-    probs = torch.softmax(x, dim=-1)
+    probs = _softmax_own(x) if x is not logits else torch.softmax(x, dim=-1)
     if params.top_p is not None and params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         cum = torch.cumsum(sorted_p, dim=-1)

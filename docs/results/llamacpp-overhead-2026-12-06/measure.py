@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--configs", default="plain,ersd-none,ersd-auto,ersd-none-fast")
+    ap.add_argument(
+        "--draft", default=None, help="ersd-auto's draft GGUF/name (default: the target's own file)"
+    )
     args = ap.parse_args()
     path = str(resolve_gguf(args.model))
     lib = llama_lib()
@@ -43,12 +46,20 @@ def main() -> None:
     fast = ersd.load_model(
         path, backend="llamacpp", threads=args.threads, context=1024, exact=False
     )
+    dmodel = fast
+    if args.draft is not None:
+        dmodel = ersd.load_model(
+            str(resolve_gguf(args.draft)), backend="llamacpp", threads=args.threads, context=1024,
+            exact=False,
+        )
     sets = ["humaneval", "mtbench", "math"]
     per = -(-args.prompts // len(sets))
     prompts = [p for s in sets for p in load_prompts([s], "eval", per)][: args.prompts]
     ids_all = [encode_prompt(exact.tokenizer, p, "auto", 256) for p in prompts]
     configs = args.configs.split(",")
     n = args.tokens
+
+    draft_forwards: list[int] = []
 
     def run(cfg: str, ids: list[int], seed: int) -> tuple[float, list[int]]:
         t0 = time.perf_counter()
@@ -60,7 +71,7 @@ def main() -> None:
             k = int(out["usage"]["completion_tokens"])
             return k / (time.perf_counter() - t0), []
         model = fast if cfg.endswith("-fast") else exact
-        draft = fast if "auto" in cfg else None
+        draft = dmodel if "auto" in cfg else None
         res = ersd.generate(
             model,
             draft,
@@ -70,7 +81,10 @@ def main() -> None:
             temperature=1.0,
             seed=seed,
         )
-        return len(res.tokens) / (time.perf_counter() - t0), res.tokens
+        rate = len(res.tokens) / (time.perf_counter() - t0)
+        if draft is not None:
+            draft_forwards.append(res.draft_forwards)
+        return rate, res.tokens
 
     for cfg in configs:  # warm-up
         run(cfg, ids_all[0][:16], 0)
@@ -88,6 +102,7 @@ def main() -> None:
             print(json.dumps(rec), flush=True)
     rng = random.Random(0)
     summary: dict[str, Any] = {"threads": args.threads, "tokens": n, "runs": len(rows)}
+    summary["auto_draft_forwards"] = sum(draft_forwards)
     for cfg in configs:
         if cfg == "plain":
             continue

@@ -572,7 +572,7 @@ def part_tpr(args: argparse.Namespace, out_dir: Path, name: str) -> dict[str, An
     }
     t0 = time.perf_counter()
     for ti, temp in enumerate(args.temperatures):
-        for di, domain in enumerate(("code", "chat")):
+        for di, domain in enumerate(args.domains):
             prompts = prompts_for(tok, domain, args.texts)
             seeds = [100_000 * ti + 1000 * di + i for i in range(args.texts)]
             texts: list[list[int]] = []
@@ -650,8 +650,8 @@ def part_localize(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     texts = src["texts"]
     spans = (64, 128, 256)
-    for i, t in enumerate(texts):
-        span = spans[i % len(spans)]
+    jobs = [(t, span) for t in texts for span in spans]
+    for i, (t, span) in enumerate(jobs):
         total = int(rng.integers(1000, 4001))
         left = int(rng.integers(0, total + 1))
         at = int(rng.integers(0, len(human) - total))
@@ -671,7 +671,7 @@ def part_localize(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             }
         )  # fmt: skip
         if (i + 1) % 20 == 0:
-            log(f"[localize] {i + 1}/{len(texts)} documents, {time.perf_counter() - t0:.0f}s")
+            log(f"[localize] {i + 1}/{len(jobs)} documents, {time.perf_counter() - t0:.0f}s")
     cells: dict[str, Any] = {}
     for temp in sorted({r["T"] for r in rows}):
         for span in spans:
@@ -807,6 +807,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--texts", type=int, default=40, help="tpr: texts per (T, domain) cell")
     ap.add_argument("--batch", type=int, default=20, help="tpr: generation batch size")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
+    ap.add_argument("--domains", nargs="+", default=["code", "chat"], help="tpr: prompt domains")
     ap.add_argument("--model", default=None, help="tpr-qwen: the generating/scoring model")
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)

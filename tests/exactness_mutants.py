@@ -26,6 +26,7 @@ from ersd.methods.spechub import SpecHub
 from ersd.methods.specinfer import SpecInfer
 from ersd.methods.spectr import SpecTr
 from ersd.probs import logits_to_probs as library_logits_to_probs
+from ersd.probs import plain_temperature as library_plain_temperature
 from ersd.race import STREAM_RACE, _mix64, race_winner, root_key
 
 
@@ -254,9 +255,44 @@ def _library_filters(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
             mod.logits_to_probs = library_logits_to_probs
 
 
+@contextmanager
+def _fast_temperature_twice() -> Iterator[None]:
+    """The same bug on the path that takes the target's v2 winner from its logits
+    (:func:`ersd.race_v2.v2_winner_from_logits`, given ``plain_temperature``'s T): T applied
+    twice, ``logits / T / T``, is a temperature of ``T * T``."""
+    patched = [
+        mod
+        for name, mod in list(sys.modules.items())
+        if name.startswith("ersd.")
+        and getattr(mod, "plain_temperature", None) is library_plain_temperature
+        and name != "ersd.probs"
+    ]
+
+    def twice(params: ersd.SamplingParams, vocab_size: int) -> float | None:
+        t = library_plain_temperature(params, vocab_size)
+        return None if t is None else t * t
+
+    for mod in patched:
+        mod.plain_temperature = twice  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for mod in patched:
+            mod.plain_temperature = library_plain_temperature  # type: ignore[attr-defined]
+
+
+@contextmanager
+def _both(*contexts: AbstractContextManager[None]) -> Iterator[None]:
+    with contexts[0], contexts[1]:
+        yield
+
+
 def with_filter_bug(bug: str) -> Callable[[], AbstractContextManager[None]]:
     def context() -> AbstractContextManager[None]:
-        return _library_filters(_filter_mutant(bug))
+        filters = _library_filters(_filter_mutant(bug))
+        if bug == "temperature-twice":  # the logits-space path reads T, not the probabilities
+            return _both(filters, _fast_temperature_twice())
+        return filters
 
     context.__name__ = bug
     return context

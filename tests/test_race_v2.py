@@ -353,11 +353,15 @@ def test_ersd_under_v2_large_vocabulary_invariance() -> None:
 
     target = ersd.FunctionModel(target_fn, vocab)
     draft = ersd.FunctionModel(draft_fn, vocab)
-    for seed in range(6):
-        kw = {"max_new_tokens": 16, "seed": seed, "race_scheme": "v2", "top_p": 0.95}
-        want = ersd.generate(target, None, [1, 2], **kw).tokens
-        for shape in ("chain:4", "multi:2x2"):
-            assert ersd.generate(target, draft, [1, 2], tree=shape, **kw).tokens == want
+    # top-p: the float64 probabilities decide; temperature only: the target's winners come from
+    # its logits (ersd.race_v2.v2_winner_from_logits) while target-only sampling uses the
+    # probabilities -- the same tokens either way
+    for sampling in ({"top_p": 0.95}, {"temperature": 0.8}):
+        for seed in range(6):
+            kw = {"max_new_tokens": 16, "seed": seed, "race_scheme": "v2", **sampling}
+            want = ersd.generate(target, None, [1, 2], **kw).tokens
+            for shape in ("chain:4", "multi:2x2"):
+                assert ersd.generate(target, draft, [1, 2], tree=shape, **kw).tokens == want
 
 
 def test_batch_under_v2_equals_rows_alone() -> None:
@@ -372,6 +376,12 @@ def test_batch_under_v2_equals_rows_alone() -> None:
             t, d, prompt, seed=seed, max_new_tokens=9, tree="multi:2x2", race_scheme="v2"
         )
         assert res.tokens == alone.tokens and res.race_scheme == "v2"
+    streamed: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    for i, rec in ersd.generate_batch_stream(
+        t, d, prompts, seeds=seeds, max_new_tokens=9, tree="multi:2x2", race_scheme="v2"
+    ):
+        streamed[i].extend(rec.tokens)
+    assert [streamed[i] for i in range(len(prompts))] == [r.tokens for r in batch]
     # one engine serves both schemes side by side, each row its own
     with ersd.BatchEngine(t, d) as engine:
         a = engine.add([1, 2], max_new_tokens=9, seed=11, tree="chain:3", race_scheme="v2")

@@ -509,6 +509,7 @@ def generate_batch_stream(
     sampling: SamplingParams | None = None,
     max_batch_size: int | None = None,
     watermark: Watermark | None = None,
+    race_scheme: str = "v1",
 ) -> Iterator[tuple[int, StepRecord]]:
     """Like :func:`generate_batch`, yielding ``(prompt index, record)`` per row per step."""
     drafter = as_drafter(draft)
@@ -527,6 +528,7 @@ def generate_batch_stream(
         min_p=min_p,
         eos_token_id=eos_token_id,
         watermark=watermark,
+        race_scheme=race_scheme,
     )
     for index, rec, _ in run_requests(target, drafter, requests, max_batch_size):
         yield index, rec

@@ -134,9 +134,11 @@ class _LazyProbs:
 def verify(settings: Settings, tree: DraftTree, logits: torch.Tensor) -> TreeVerification:
     """Walk ``tree`` with the rule: the accepted nodes and the tokens they emit.
 
-    On a device, ERSD's walk is :func:`ersd.verify_batch.verify_many`'s (every context at once,
-    one host transfer); on the CPU, and for the other rules, node by node (the same verdict)."""
-    if logits.device.type != "cpu" and batches(settings.rule):
+    On a device, and on the CPU under race scheme v2 (whose target winners come from the logits
+    without a float64 softmax where sampling is temperature only), ERSD's walk is
+    :func:`ersd.verify_batch.verify_many`'s (every context at once, one host transfer); otherwise,
+    and for the other rules, node by node (the same verdict)."""
+    if batches(settings.rule) and (logits.device.type != "cpu" or settings.noise.lazy()):
         return verify_many(
             [settings.rule],  # type: ignore[list-item]
             [settings.params],

@@ -859,3 +859,36 @@ def test_the_spread_of_rows_is_kept_for_the_next_batch(tmp_path, monkeypatch) ->
     assert nxt._row_spread == (RULES.default_row_spread, 0.0)
     nxt.choose([1, 2, 3], 8)
     assert nxt._row_spread == pytest.approx((pooled, 3.0), rel=1e-5)
+
+
+def test_generate_measures_a_curve_once_per_process_and_keeps_no_model_alive(
+    tmp_path, monkeypatch
+) -> None:
+    """``ersd.generate(tree="auto")`` without a shared cache measures its curves into the
+    process's in-memory cache: the second identical call measures nothing (before this it
+    re-measured every call: ~9 s of each llama.cpp call on the Qwen pair), nothing is written to
+    the store, a model that is dropped is not kept alive, and a changed store starts afresh."""
+    import gc
+    import weakref
+
+    from ersd.auto.curves import process_curves
+
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    target, draft = Described("t-proc", 1), Described("d-proc", 2)
+    kw = {"max_new_tokens": 6, "tree": "auto", "seed": 0}
+    first = ersd.generate(target, draft, [1, 2, 3], **kw)
+    second = ersd.generate(target, draft, [1, 2, 3], **kw)
+    assert first.auto_finding_out["measure_s"] > 0
+    assert second.auto_finding_out["measure_s"] == 0.0
+    assert second.tokens == first.tokens
+    assert not (tmp_path / "costs.json").exists()  # read-only unless asked
+    cache = process_curves()
+    assert process_curves() is cache
+    ref = weakref.ref(target)
+    del target, first, second
+    gc.collect()
+    assert ref() is None  # the process cache holds its models weakly
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("ERSD_COST_STORE", str(other))
+    assert process_curves() is not cache  # another store: a fresh cache

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ersd.auto.curves import CurveCache, draft_model_of, measured_costs
+from ersd.auto.curves import CurveCache, draft_model_of, measured_costs, process_curves
 from ersd.auto.observe import OnlineProfile, StepTiming
 from ersd.auto.policy import Candidate, RunState, decide
 from ersd.auto.predict import (
@@ -117,7 +117,7 @@ class TreeChooser:
         costs = auto.costs
         if isinstance(costs, CurveCache):  # measured, into the cache the caller shares
             curves, costs = costs, None
-        self.curves = curves if curves is not None else CurveCache()
+        self.curves = curves if curves is not None else process_curves()
         self.fixed_probs: list[Any] | None = None
         if auto.profile is not None:
             source = auto.profile

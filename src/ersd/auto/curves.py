@@ -6,11 +6,14 @@ one, which ``ersd models calibrate`` fills) and written back to it only when the
 from __future__ import annotations
 
 import math
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ersd.cost_store import CostStore
+from ersd.cost_store import STORE_FILE, CostStore, default_dir
 from ersd.costs import DEFAULT_SIZES, MEASURE_REPEATS, CostModel, measure_curve
 from ersd.tree import AutoTree
 
@@ -27,7 +30,8 @@ class CurveCache:
     not learned from (its time includes the measurement)."""
 
     def __init__(self, store: CostStore | bool | None = True, learn: bool = False) -> None:
-        self._curves: list[tuple[Any, dict[Any, list[float]]]] = []  # (model, its curves)
+        #: (a reference to the model, its curves)
+        self._curves: list[tuple[Callable[[], Any], dict[Any, list[float]]]] = []
         self.measurements = 0
         #: seconds spent measuring curves (not read from the store)
         self.measure_seconds = 0.0
@@ -43,10 +47,16 @@ class CurveCache:
         self.learn = learn
 
     def _of(self, model: Any) -> dict[Any, list[float]]:
-        for m, curves in self._curves:
-            if m is model:
+        for held, curves in self._curves:
+            if held() is model:
                 return curves
-        self._curves.append((model, {}))
+        # weakly held, so a cache kept for the process never keeps a model alive
+        self._curves = [(r, c) for r, c in self._curves if r() is not None]
+        try:
+            ref: Callable[[], Any] = weakref.ref(model)
+        except TypeError:  # a model class without weak references: held for the cache's life
+            ref = _Strong(model)
+        self._curves.append((ref, {}))
         return self._curves[-1][1]
 
     def curve(self, model: Any, context: list[int], batch: int) -> list[float]:
@@ -68,6 +78,41 @@ class CurveCache:
             if self.store is not None and self.learn:
                 self.store.put_curve(model, batch, DEFAULT_SIZES, curves[key])
         return curves[key]
+
+
+class _Strong:
+    """A reference that holds its object (for models that cannot be weakly referenced)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+_PROCESS_LOCK = threading.Lock()
+_PROCESS: tuple[Any, CurveCache] | None = None
+
+
+def process_curves() -> CurveCache:
+    """The curves ``tree="auto"`` measures when its caller shares no :class:`CurveCache`
+    (``ersd.generate`` without ``AutoTree(costs=...)``, a new batch engine): kept in memory for
+    this process, so a curve is measured once per model and batch size, not at every call (on
+    the Qwen pair that was ~9 s of each llama.cpp call); never written to a file.  It reads the
+    default cost store and starts afresh when that store changes (another ``ERSD_CACHE``, or
+    ``ersd models calibrate`` writing it)."""
+    global _PROCESS
+    directory = default_dir()
+    path = directory / STORE_FILE if directory is not None else None
+    try:
+        mtime = path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        mtime = None
+    stamp = (directory, mtime)
+    with _PROCESS_LOCK:
+        if _PROCESS is None or _PROCESS[0] != stamp:
+            _PROCESS = (stamp, CurveCache())
+        return _PROCESS[1]
 
 
 def measure_prompt(model: Any, context: list[int]) -> list[int]:

@@ -11,7 +11,7 @@ run() {
   local name=$1
   shift
   ERSD_COST_STORE=$(mktemp -d) flock /tmp/ersd-bench.lock ../../../.venv/bin/python -m \
-    ersd.bench.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
+    research.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
     --profile-prompts 2 "$@" --out "$name.json" > "$name.log" 2>&1
   echo "$name rc $?"
 }

@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 export OMP_NUM_THREADS=2
 git rev-parse --short HEAD > run2-commit.txt
 ERSD_COST_STORE=$(mktemp -d) flock /tmp/ersd-bench.lock ../../../.venv/bin/python -m \
-  ersd.bench.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
+  research.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
   --profile-prompts 2 --per-set 2 --fixed chain:4 chain:8 --tokens 256 \
   --temperatures 0 1 --out hf-256-2.json > hf-256-2.log 2>&1
 echo "hf-256-2 rc $?"

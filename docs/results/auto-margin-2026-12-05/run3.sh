@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 export OMP_NUM_THREADS=2
 git rev-parse --short HEAD > run3-commit.txt
 ERSD_COST_STORE=$(mktemp -d) flock /tmp/ersd-bench.lock ../../../.venv/bin/python -m \
-  ersd.bench.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
+  research.auto_check --backend hf --dtype float32 --draft-dtype int8 --profile-tokens 48 \
   --profile-prompts 2 --sets math --per-set 4 --fixed chain:4 chain:8 --tokens 256 \
   --temperatures 0 1 --out hf-256-math.json > hf-256-math.log 2>&1
 echo "hf-256-math rc $?"

@@ -127,10 +127,11 @@ def _first_rows(rows: np.ndarray) -> np.ndarray:
     return first
 
 
-def _scored_arrays(
+def _window_rows(
     ids: np.ndarray, context_width: int, initial: Sequence[int] | None, start: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`scored_windows` as arrays (windows, tokens, positions)."""
+) -> np.ndarray:
+    """The window of every position ``>= start`` (a read-only ``[n, h]`` view): the ``h`` tokens
+    before it, ``initial`` (default ``h`` times ``-1``) before the first."""
     head = (
         np.full(context_width, -1, dtype=np.int64)
         if initial is None
@@ -139,7 +140,14 @@ def _scored_arrays(
     if len(head) != context_width:
         raise WatermarkError(f"the initial window must hold {context_width} tokens")
     padded = np.concatenate([head, ids])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[start : len(ids)]
+    return np.lib.stride_tricks.sliding_window_view(padded, context_width)[start : len(ids)]
+
+
+def _scored_arrays(
+    ids: np.ndarray, context_width: int, initial: Sequence[int] | None, start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`scored_windows` as arrays (windows, tokens, positions)."""
+    rows = _window_rows(ids, context_width, initial, start)
     if len(rows) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return np.zeros((0, context_width), dtype=np.int64), empty, empty
@@ -172,15 +180,7 @@ def scored_windows_reference(
     """:func:`scored_windows` as the first releases computed it (a row-wise ``np.unique``): the
     reference the fast path is tested against (``tests/test_watermark_fast.py``)."""
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-    head = (
-        np.full(context_width, -1, dtype=np.int64)
-        if initial is None
-        else np.asarray(initial, dtype=np.int64).reshape(-1)
-    )
-    if len(head) != context_width:
-        raise WatermarkError(f"the initial window must hold {context_width} tokens")
-    padded = np.concatenate([head, ids])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, context_width)[start : len(ids)]
+    rows = _window_rows(ids, context_width, initial, start)
     if len(rows) == 0:
         return np.zeros((0, context_width), dtype=np.int64), [], []
     _, first = np.unique(rows, axis=0, return_index=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 
 import torch
@@ -281,18 +281,14 @@ def _fast_temperature_twice() -> Iterator[None]:
             mod.plain_temperature = library_plain_temperature  # type: ignore[attr-defined]
 
 
-@contextmanager
-def _both(*contexts: AbstractContextManager[None]) -> Iterator[None]:
-    with contexts[0], contexts[1]:
-        yield
-
-
 def with_filter_bug(bug: str) -> Callable[[], AbstractContextManager[None]]:
-    def context() -> AbstractContextManager[None]:
-        filters = _library_filters(_filter_mutant(bug))
-        if bug == "temperature-twice":  # the logits-space path reads T, not the probabilities
-            return _both(filters, _fast_temperature_twice())
-        return filters
+    @contextmanager
+    def context() -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(_library_filters(_filter_mutant(bug)))
+            if bug == "temperature-twice":  # the logits-space path reads T, not probabilities
+                stack.enter_context(_fast_temperature_twice())
+            yield
 
     context.__name__ = bug
     return context

@@ -71,6 +71,16 @@ CASES: list[tuple[str, list[Candidate], float, RunState, str, str, dict[str, Any
         "chain:1",
     ),
     (
+        "prefill_pays_off",  # 20 vs 10 tokens/s, 4 tokens left: 0.2 s saved, a 1 s catch-up
+        LEAD,
+        10.0,
+        replace(LONG, catchup_seconds=1.0, tokens_left=4.0),
+        "none",
+        "catch-up does not pay",
+        {"prefill_pays_off": False},
+        "chain:2",
+    ),
+    (
         "explore_after",  # 16 plain steps in a row: draft the best tree once
         BEHIND,
         10.0,
@@ -223,5 +233,15 @@ def test_the_rule_table_lists_every_rule() -> None:
     table = table[: table.index("\n## ", 3)]
     for f in fields(RULES):
         assert f"`{f.name}`" in table, f"{f.name} is missing from docs/auto-tree.md's rule table"
-    for gone in ("cannot_pay_recheck", "prefill_pays_off", "explore_plain_after", "stale_decay"):
+    for gone in ("cannot_pay_recheck", "explore_plain_after", "stale_decay"):
         assert f"`{gone}`" in table and not hasattr(RULES, gone)
+
+
+def test_the_drafts_catch_up_is_repaid_over_the_tokens_left_not_one_step() -> None:
+    """20 vs 10 tokens/s saves 0.05 s a token: a 1 s catch-up pays over 21 tokens, not 19; a
+    draft already fed (no catch-up) or a run without a horizon drafts at once."""
+    run = replace(LONG, catchup_seconds=1.0)
+    assert decide(LEAD, 10.0, replace(run, tokens_left=21.0)).spec == "chain:2"
+    assert decide(LEAD, 10.0, replace(run, tokens_left=19.0)).spec == "none"
+    assert decide(LEAD, 10.0, replace(run, tokens_left=19.0, catchup_seconds=0.0)).spec == "chain:2"
+    assert decide(LEAD, 10.0, run).spec == "chain:2"

@@ -150,7 +150,8 @@ class TreeChooser:
                     target, self.draft_model, _method_name(method), self.temperature
                 )
             self.stored_prior = stored is not None
-            self.online = OnlineProfile(self.ranked, *(stored or (None, None)), rules=rules)
+            prior_probs, prior_trials = stored if stored is not None else (None, None)
+            self.online = OnlineProfile(self.ranked, prior_probs, prior_trials, rules=rules)
         self.chains: dict[str, TreeShape] = {}
         for k in CHAIN_LENGTHS:
             chain = TreeShape.chain(k)
@@ -186,6 +187,7 @@ class TreeChooser:
         self._can_pay = True  # drafting can pay under the best plausible acceptance
         self._ever_drafted = False  # the draft session has been fed (else it prefills lazily)
         self._catchup = 0  # tokens the draft must catch up on in the step just chosen
+        self._start: int | None = None  # the context's length at the first step (horizon)
         self.elapsed = 0.0  # seconds of the steps observed so far (the run's time)
         self.explore_spent = 0.0  # predicted seconds lost to exploration steps so far
         #: new tokens per row the run may generate (its ``max_new_tokens``): the exploration
@@ -412,11 +414,18 @@ class TreeChooser:
     def _run_state(self, costs: CostModel, context: list[int], batch: int) -> RunState:
         """The run so far, as :func:`~ersd.auto.policy.decide` takes it.  The draft's catch-up
         is on the tokens it has not seen -- on the first drafting step its whole prompt (lazy
-        prefill); the run's time is the time so far or, with a horizon, the predicted time of
-        the whole run at plain decoding's rate if larger (so a run that states its length can
-        afford its first exploring step early)."""
+        prefill); the tokens left are the :attr:`horizon` less the tokens generated since the
+        first step, per row; the run's time is the time so far or, with a horizon, the
+        predicted time of the whole run at plain decoding's rate if larger (so a run that
+        states its length can afford its first exploring step early)."""
         catchup = self._unseen(context)
         draft = self.timing["spec"].draft_ratio * costs.draft_cost(catchup, batch)
+        if self._start is None:
+            self._start = len(context)
+        left = None
+        if self.horizon is not None:
+            done = len(context) - self._start
+            left = float(batch * max(max(self.horizon, 1) - done, 1))
         return RunState(
             batch=batch,
             plain_run=self._plain_run,
@@ -424,6 +433,7 @@ class TreeChooser:
             explore_spent=self.explore_spent,
             run_seconds=max(self.elapsed, self._projected),
             catchup_seconds=draft if catchup > 1 else 0.0,
+            tokens_left=left,
         )
 
     def choose(

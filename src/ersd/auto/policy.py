@@ -11,7 +11,9 @@ table in ``docs/auto-tree.md`` says what each one earns and which replay shows i
 2. **cannot pay**: never draft (nor explore) where even every drafted token accepted would not
    beat plain decoding;
 3. **batch start**: a batch starts its draft only on a gain of ``batch_start_margin``;
-4. **explore**: after ``explore_after`` plain steps in a row, draft the best tree once, if what
+4. **prefill pays off**: with a known horizon, the draft's catch-up (its lazy prefill of the
+   prompt on the first drafting step) must be repaid over the tokens the run has left;
+5. **explore**: after ``explore_after`` plain steps in a row, draft the best tree once, if what
    exploring is predicted to lose stays within ``explore_budget`` of the run's time.
 """
 
@@ -49,6 +51,7 @@ class RunState:
     explore_spent: float = 0.0  # predicted seconds lost to exploration so far
     run_seconds: float = 0.0  # the run's time so far, or its projected time if larger
     catchup_seconds: float = 0.0  # the draft's catch-up if this step drafts (0: nothing to feed)
+    tokens_left: float | None = None  # tokens the batch may still emit (None: no horizon)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ def decide(
         why = "plain decoding predicted faster"
     elif b > 1 and not state.ever_drafted and best.rate < (1 + rules.batch_start_margin) * plain:
         why = "batch start: gain under the margin"
+    elif (
+        rules.prefill_pays_off
+        and state.tokens_left is not None
+        and state.catchup_seconds + state.tokens_left / best.rate >= state.tokens_left / plain
+    ):
+        why = "the draft's catch-up does not pay over the rest of the run"
     else:
         return out(True, "best predicted rate")
     if state.plain_run >= rules.explore_after:  # draft once, to measure drafting again

@@ -4,8 +4,10 @@ measurement shows it; a chooser takes a :class:`Rules` (default :data:`RULES`), 
 replay changes one rule by passing ``replace(RULES, ...)``, never by patching a module.
 
 Removed on the replay of ``docs/results/auto-rules-2026-12-06/`` (their removal moved no cell
-beyond its noise): the "cannot pay" verdict kept 32 steps, the draft's prefill paying off over
-the request's length, the plain exploration steps, and the stale decay of undrafted depths."""
+beyond its noise): the "cannot pay" verdict kept 32 steps, the plain exploration steps, and the
+stale decay of undrafted depths.  The draft's prefill paying off over the request's length was
+removed on the same replay and restored on the live llama.cpp run (the replay did not charge
+the draft's lazy prefill; the live run paid it and lost 12% on one prompt)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class Rules:
     cannot_pay: bool = True
     #: a batch starts its draft only if drafting beats plain decoding by this share
     batch_start_margin: float = 0.10
+    #: with a horizon, the draft's catch-up (its lazy prefill) must pay over the rest of the run
+    prefill_pays_off: bool = True
     #: after this many plain steps in a row, draft the best tree once (exploration)
     explore_after: int = 16
     #: exploration may lose at most this share of the run's (projected) time

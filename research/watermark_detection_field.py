@@ -88,6 +88,7 @@ MODES = (
     "BROKEN_weighted_peeking_salt_known",
 )
 DOC_MODES = ("scan_no_prompt", "BROKEN_scan_uncorrected")
+PARTS = ("fpr", "fpr-profile", "fpr-distinct", "tpr-smollm", "tpr-qwen", "localize", "render")
 
 
 def log(msg: str) -> None:
@@ -182,18 +183,68 @@ def human_tokens(tok: Any, source: str, count: int, skip: int = 0) -> list[int]:
 
 def batch_probs(model: Any, seqs: np.ndarray, temps: tuple[float, ...]) -> dict[float, np.ndarray]:
     """``[B, L]`` probability of each token given the ones before it in its row (column 0:
-    nan), at each temperature: one forward of the model's Hugging Face module."""
+    nan), at each temperature: one forward of the model's Hugging Face module (no autograd
+    state: :func:`torch.inference_mode`), every temperature from the same logits."""
     import torch
 
     hf = model.hf_module
     out = {t: np.full(seqs.shape, np.nan) for t in temps}
-    with torch.no_grad():
+    with torch.inference_mode():
         logits = hf(input_ids=torch.as_tensor(seqs, dtype=torch.long), use_cache=False).logits
         nxt = torch.as_tensor(seqs[:, 1:], dtype=torch.long).unsqueeze(-1)
         for t in temps:
             lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1).gather(-1, nxt)
             out[t][:, 1:] = lp.squeeze(-1).exp().double().numpy()
     return out
+
+
+class ProbCache:
+    """Per-chunk model probabilities on disk (``DIR/SOURCE-CHUNK.npz``: the chunk's token ids,
+    ``p1`` / ``p07`` -- the text's probabilities at T = 1 / 0.7 after everything before it --
+    and, where computed, ``alone`` ``[8, 128]``), so that a resumed run does not run the model
+    again.  :func:`batch_probs` computes in float32 and widens to float64, so storing float32
+    is lossless (checked on every save).  A file whose token ids differ from the chunk's is an
+    error, never silently reused."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, source: str, c: int) -> Path:
+        return self.root / f"{source}-{c:04d}.npz"
+
+    def load(
+        self, source: str, c: int, ids: np.ndarray, need_alone: bool
+    ) -> tuple[dict[float, np.ndarray], np.ndarray | None] | None:
+        f = self.path(source, c)
+        if not f.exists():
+            return None
+        with np.load(f) as z:
+            if not np.array_equal(z["ids"], ids):
+                raise SystemExit(
+                    f"{f}: cached for other token ids (corpus or tokenizer changed): delete "
+                    f"{self.root} and run again"
+                )
+            if need_alone and "alone" not in z:
+                return None
+            p_prompt = {1.0: z["p1"].astype(np.float64), 0.7: z["p07"].astype(np.float64)}
+            alone = z["alone"].astype(np.float64) if need_alone else None
+        return p_prompt, alone
+
+    def save(
+        self, source: str, c: int, ids: np.ndarray, p_prompt: dict[float, np.ndarray],
+        alone: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        arrays = {"ids": ids, "p1": p_prompt[1.0], "p07": p_prompt[0.7]}
+        if alone is not None:
+            arrays["alone"] = alone
+        packed = {k: v if k == "ids" else v.astype(np.float32) for k, v in arrays.items()}
+        for k, v in arrays.items():
+            if k != "ids" and not np.array_equal(packed[k].astype(np.float64), v, equal_nan=True):
+                raise SystemExit(f"probabilities of {source} chunk {c} are not float32 values")
+        tmp = self.path(source, c).with_suffix(".tmp.npz")
+        np.savez(tmp, **packed)
+        tmp.replace(self.path(source, c))
 
 
 # --- the statistics, from one evaluation of the PRF ------------------------------------------
@@ -359,7 +410,60 @@ def summarise(ps: list[float]) -> dict[str, Any]:
     }
 
 
+def fpr_order(per_source: int) -> list[tuple[str, int]]:
+    """The chunks in the order ``fpr`` scores them: the sources alternate, so that a run
+    stopped early (``--model-seconds``) has both in its model-weighted modes."""
+    return [(src, c) for c in range(per_source) for src in SOURCES]
+
+
+def fpr_aggregate(
+    res: dict[str, Any], records: dict[tuple[str, int], dict[str, Any]], per_source: int
+) -> dict[str, Any]:
+    """``fpr.json`` from the per-chunk records: each mode's p-values by source in chunk order,
+    with the chunks each mode covers (``fpr-distinct`` maps them back through those)."""
+    out = dict(res)
+    pvals: dict[str, dict[str, list[float]]] = {}
+    chunks: dict[str, dict[str, list[int]]] = {}
+    for source in SOURCES:
+        for c in range(per_source):
+            rec = records.get((source, c))
+            if rec is None:
+                continue
+            for key in [*MODES, *DOC_MODES]:
+                got = [w[key] for w in rec["windows"] if key in w] if key in MODES else []
+                if key in DOC_MODES:
+                    got = [rec["doc"][key]]
+                if not got:
+                    continue
+                pvals.setdefault(key, {}).setdefault(source, []).extend(got)
+                chunks.setdefault(key, {}).setdefault(source, []).append(c)
+    weighted = [r for r in records.values() if r["weighted"]]
+    out["chunks_done"] = len(records)
+    out["model_chunks"] = len(weighted)
+    out["model_alone_chunks"] = sum(r["alone"] for r in weighted)
+    out["modes"] = {}
+    for key in [*MODES, *DOC_MODES]:
+        if key not in pvals:
+            continue
+        allp = flat(pvals[key])
+        out["modes"][key] = {
+            **summarise(allp),
+            "by_source": {s: summarise(v) for s, v in pvals[key].items()},
+            "chunks": chunks[key],
+            "p_values": [float(f"{p:.4g}") for p in allp],
+        }
+    return out
+
+
 def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """The null run, resumable: every chunk's p-values are appended to ``CACHE/chunks.jsonl``
+    as soon as they are known and its model probabilities saved (:class:`ProbCache`), and
+    ``fpr.json`` is rewritten from the records every ``--checkpoint`` chunks, so a run stopped
+    at any point keeps what it did and the same command resumes it.  Chunks in ``fpr_order``:
+    with the model while ``--model-seconds`` last (one forward per chunk with the prompt -- the
+    1,056 tokens -- giving every T = 1 / 0.7 mode, plus the 8 windows alone on every
+    ``--alone-every``-th chunk of each source), then the rest model-free only (one PRF
+    evaluation per chunk)."""
     import ersd
 
     model = ersd.load_model("smollm2-135m", dtype=args.dtype)
@@ -375,76 +479,216 @@ def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         "window_tokens": WINDOW,
         "chunk": f"{PREFIX} prompt tokens + {PER_CHUNK} windows of {WINDOW}",
         "scan_lengths": list(DEFAULT_LENGTHS),
+        "alone_every": args.alone_every,
         "sources": {},
     }
-    pvals: dict[str, dict[str, list[float]]] = {}
     chunks = {}
     for source in SOURCES:
         ids_all = np.asarray(human_tokens(tok, source, per_source * chunk_len), dtype=np.int64)
         res["sources"][source] = {"chunks": per_source, "tokens": len(ids_all)}
         chunks[source] = ids_all.reshape(per_source, chunk_len)
-    # the sources alternate, so that the model-weighted modes (scored while the time budget
-    # lasts) see both; the model-free modes and the scan run on every chunk
-    order = [(src, c) for c in range(per_source) for src in SOURCES]
+    root = (
+        args.cache
+        or Path("out/watermark-fpr-cache") / f"smollm2-135m-{args.dtype}-{wm.fingerprint}"
+    )
+    cache = ProbCache(root)
+    journal = root / "chunks.jsonl"
+    records: dict[tuple[str, int], dict[str, Any]] = {}
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                records[(r["source"], r["chunk"])] = r  # a later record replaces an earlier
+    order = fpr_order(per_source)
     t0 = time.perf_counter()
-    model_chunks = alone_chunks = 0
-
-    def add(source: str, windows: list[dict[str, float]], doc: dict[str, float] | None) -> None:
-        for row in windows:
-            for key, p in row.items():
-                pvals.setdefault(key, {}).setdefault(source, []).append(p)
-        for key, p in (doc or {}).items():
-            pvals.setdefault(key, {}).setdefault(source, []).append(p)
+    res["resumed_chunks"] = len(records)
+    stats_s = model_s = 0.0
+    fresh = 0
 
     def checkpoint(what: str) -> None:
-        log(f"[fpr] {what}, {model_chunks} chunks with the model, {time.perf_counter() - t0:.0f}s")
-        partial = {k: summarise(flat(v)) for k, v in pvals.items()}
-        (out_dir / "fpr.partial.json").write_text(json.dumps(partial, indent=1))
+        res["seconds_this_run"] = time.perf_counter() - t0
+        res["model_seconds_this_run"] = model_s
+        res["stats_seconds_this_run"] = stats_s
+        res["library_checked_chunks"] = min(args.check, len(records))
+        agg = fpr_aggregate(res, records, per_source)
+        agg["complete"] = len(records) == len(order) and all(
+            r["weighted"] for r in records.values()
+        )
+        agg["command"] = "python -m research.watermark_detection_field " + " ".join(sys.argv[1:])
+        (out_dir / "fpr.json").write_text(json.dumps(agg, indent=1))
+        m = agg["modes"].get("weighted_T1_prompt", {"n": 0})
+        log(
+            f"[fpr] {what}: {len(records)} chunks, {agg['model_chunks']} with the model "
+            f"(weighted windows {m['n']}), {time.perf_counter() - t0:.0f}s "
+            f"(model {model_s:.0f}s, statistics {stats_s:.0f}s)"
+        )
 
-    # pass 1: the model-free modes and the scan on every chunk (the library check on the first)
-    for done, (source, c) in enumerate(order):
-        ids = chunks[source][c]
-        windows, doc = chunk_stats(wm, ids, None, None)
-        add(source, windows, doc)
-        if (done + 1) % 100 == 0:
-            checkpoint(f"model-free {done + 1}/{len(order)} chunks")
-    # pass 2: the model-weighted modes while the time budget lasts (the model is the cost:
-    # ~3 s per chunk on a free core), the window-alone forward on every ``alone_every``-th
-    for done, (source, c) in enumerate(order):
-        if time.perf_counter() - t0 > args.model_seconds:
-            break
-        ids = chunks[source][c]
-        pp = batch_probs(model, ids[None, :], (1.0, 0.7))
-        p_prompt = {t: v[0, PREFIX:] for t, v in pp.items()}
-        p_alone = None
-        if done % args.alone_every == 0:
-            p_alone = batch_probs(model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,))[1.0]
-            alone_chunks += 1
-        model_chunks += 1
-        windows, doc = chunk_stats(wm, ids, p_prompt, p_alone)
-        if done < args.check:
-            library_check(wm, ids, p_prompt, p_alone, windows, doc, model)
-        add(source, [{k: v for k, v in w.items() if "weighted" in k} for w in windows], None)
-        if model_chunks % 10 == 0:
-            checkpoint(f"weighted {model_chunks} chunks")
-    res["model_chunks"] = model_chunks
-    res["model_alone_chunks"] = alone_chunks
-    res["alone_every"] = args.alone_every
-    res["library_checked_chunks"] = min(args.check, len(order))
-    res["seconds"] = time.perf_counter() - t0
-    res["modes"] = {}
-    for key, by_src in pvals.items():
-        allp = flat(by_src)
-        res["modes"][key] = {
-            **summarise(allp),
-            "by_source": {s: summarise(v) for s, v in by_src.items()},
-            "p_values": [float(f"{p:.4g}") for p in allp],
-        }
-        m = res["modes"][key]
+    with journal.open("a") as jf:
+        for done, (source, c) in enumerate(order):
+            want_alone = c % args.alone_every == 0  # every source alike
+            old = records.get((source, c))
+            if old is not None and old["weighted"] and (old["alone"] or not want_alone):
+                continue
+            ids = chunks[source][c]
+            use_model = time.perf_counter() - t0 < args.model_seconds
+            if not use_model and old is not None:
+                continue  # model-free already recorded
+            p_prompt, p_alone = None, None
+            if use_model:
+                t1 = time.perf_counter()
+                got = cache.load(source, c, ids, want_alone)
+                if got is None:
+                    pp = batch_probs(model, ids[None, :], (1.0, 0.7))
+                    p_prompt = {t: v[0, PREFIX:] for t, v in pp.items()}
+                    if want_alone:
+                        p_alone = batch_probs(
+                            model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,)
+                        )[1.0]
+                    cache.save(source, c, ids, p_prompt, p_alone)
+                else:
+                    p_prompt, p_alone = got
+                model_s += time.perf_counter() - t1
+            t1 = time.perf_counter()
+            windows, doc = chunk_stats(wm, ids, p_prompt, p_alone)
+            stats_s += time.perf_counter() - t1
+            if use_model and done < args.check:
+                assert p_prompt is not None
+                library_check(wm, ids, p_prompt, p_alone, windows, doc, model)
+            rec = {
+                "source": source, "chunk": c, "weighted": use_model,
+                "alone": p_alone is not None, "windows": windows, "doc": doc,
+            }  # fmt: skip
+            records[(source, c)] = rec
+            jf.write(json.dumps(rec) + "\n")
+            jf.flush()
+            fresh += 1
+            if fresh % args.checkpoint == 0:
+                checkpoint(f"chunk {done + 1}/{len(order)}")
+    checkpoint("done")
+    res = json.loads((out_dir / "fpr.json").read_text())
+    for key, m in res["modes"].items():
         log(
             f"[fpr] {key}: n={m['n']} FPR@1% {m['fpr_1pct']['rate']:.4f} "
             f"@0.1% {m['fpr_0.1pct']['rate']:.4f} KS p {m['ks_pvalue']:.3g}"
         )
+    return res
+
+
+def batch_probs_no_grad(
+    model: Any, seqs: np.ndarray, temps: tuple[float, ...]
+) -> dict[float, np.ndarray]:
+    """:func:`batch_probs` as it was before (``torch.no_grad``), for ``fpr-profile``."""
+    import torch
+
+    hf = model.hf_module
+    out = {t: np.full(seqs.shape, np.nan) for t in temps}
+    with torch.no_grad():
+        logits = hf(input_ids=torch.as_tensor(seqs, dtype=torch.long), use_cache=False).logits
+        nxt = torch.as_tensor(seqs[:, 1:], dtype=torch.long).unsqueeze(-1)
+        for t in temps:
+            lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1).gather(-1, nxt)
+            out[t][:, 1:] = lp.squeeze(-1).exp().double().numpy()
+    return out
+
+
+def part_fpr_profile(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Where the model-weighted null run spends its time, per 1,056-token chunk: the forward
+    with the prompt (no_grad vs inference_mode; one chunk vs two batched -- and whether the
+    probabilities are bit-identical), the windows-alone forward, the log-softmax at each
+    temperature, the PRF, and the statistics (the hypoexponential p-values counted and timed).
+    Medians of ``--repeats`` interleaved repeats; timings on a shared machine are ratios only."""
+    import torch
+
+    import ersd
+
+    model = ersd.load_model("smollm2-135m", dtype=args.dtype)
+    wm = watermark()
+    chunk_len = PREFIX + PER_CHUNK * WINDOW
+    ids2 = np.stack(
+        [np.asarray(human_tokens(model.tokenizer, s, chunk_len), dtype=np.int64) for s in SOURCES]
+    )
+    hf = model.hf_module
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        got = fn()
+        times.setdefault(name, []).append(time.perf_counter() - t)
+        return got
+
+    def logits_only() -> Any:
+        with torch.inference_mode():
+            return hf(input_ids=torch.as_tensor(ids2[:1]), use_cache=False).logits
+
+    same: dict[str, bool] = {}
+    for _ in range(args.repeats):
+        a = timed(
+            "prompt_forward_no_grad", lambda: batch_probs_no_grad(model, ids2[:1], (1.0, 0.7))
+        )
+        b = timed("prompt_forward_inference_mode", lambda: batch_probs(model, ids2[:1], (1.0, 0.7)))
+        two = timed("two_chunks_batched", lambda: batch_probs(model, ids2, (1.0, 0.7)))
+        one = [batch_probs(model, ids2[i : i + 1], (1.0, 0.7)) for i in range(2)]
+        lg = timed("logits_only", logits_only)
+        timed(
+            "log_softmax_two_temperatures",
+            lambda lg=lg: [torch.log_softmax(lg[:, :-1].float() / t, dim=-1) for t in (1.0, 0.7)],
+        )
+        timed(
+            "alone_forward_8x128",
+            lambda: batch_probs(model, ids2[0, PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,)),
+        )
+        same["inference_mode_bit_identical"] = all(
+            np.array_equal(a[t], b[t], equal_nan=True) for t in a
+        )
+        same["batched_bit_identical"] = all(
+            np.array_equal(two[t][i], one[i][t][0], equal_nan=True) for t in a for i in range(2)
+        )
+        same["batched_max_abs_diff"] = max(
+            float(np.nanmax(np.abs(two[t][i] - one[i][t][0]))) for t in a for i in range(2)
+        )
+    pp = batch_probs(model, ids2[:1], (1.0, 0.7))
+    p_prompt = {t: v[0, PREFIX:] for t, v in pp.items()}
+    p_alone = batch_probs(model, ids2[0, PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,))[1.0]
+    calls = {"n": 0, "s": 0.0}
+    real = hypoexp_log_cdf
+
+    def counted(s: float, w: Any) -> float:
+        t = time.perf_counter()
+        try:
+            return real(s, w)
+        finally:
+            calls["n"] += 1
+            calls["s"] += time.perf_counter() - t
+
+    text = ids2[0, PREFIX:]
+    padded = np.concatenate([np.asarray(wm.initial_window(ids2[0, :PREFIX].tolist())), text])
+    rows = np.lib.stride_tricks.sliding_window_view(padded, wm.context_width)[: len(text)]
+    for _ in range(args.repeats):
+        timed(
+            "prf_256_salts_1024_positions",
+            lambda: wm.prf(0).uniform_at(rows, text, salts=list(range(wm.num_salts))),
+        )
+        timed("statistics_model_free_only", lambda: chunk_stats(wm, ids2[0], None, None))
+        calls.update(n=0, s=0.0)
+        globals()["hypoexp_log_cdf"] = counted
+        try:
+            timed("statistics_all_modes", lambda: chunk_stats(wm, ids2[0], p_prompt, p_alone))
+        finally:
+            globals()["hypoexp_log_cdf"] = real
+        times.setdefault("hypoexp_in_statistics", []).append(calls["s"])
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    res = {
+        "model": f"smollm2-135m {args.dtype}, CPU, OMP_NUM_THREADS=1",
+        "chunk_tokens": chunk_len,
+        "repeats": args.repeats,
+        "median_seconds": med,
+        "hypoexp_calls_per_chunk": calls["n"],
+        "checks": same,
+        "all_seconds": times,
+    }
+    for k, v in med.items():
+        log(f"[fpr-profile] {k}: {v:.3f} s")
+    log(f"[fpr-profile] hypoexp calls per chunk {calls['n']}; {json.dumps(same)}")
     return res
 
 
@@ -510,8 +754,15 @@ def part_fpr_distinct(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]
         log(f"[fpr-distinct] {source}: {json.dumps(res['sources'][source])}")
     order = [(src, c) for c in range(d["sources"][sources[0]]["chunks"]) for src in sources]
     for key, m in d["modes"].items():
-        # rebuild which (source, chunk) each p-value came from, in the order fpr added them
-        if key in DOC_MODES:
+        # which (source, chunk) each p-value came from: recorded by fpr (``chunks``), or (a
+        # fpr.json written before it recorded them) rebuilt in the order fpr added them
+        if "chunks" in m:
+            idx = {
+                s: [(c, None if key in DOC_MODES else j) for c in m["chunks"].get(s, [])
+                    for j in ([0] if key in DOC_MODES else range(PER_CHUNK))]
+                for s in sources
+            }  # fmt: skip
+        elif key in DOC_MODES:
             idx = {s: [(c, None) for c in range(d["sources"][s]["chunks"])] for s in sources}
         else:
             chunks_of: dict[str, list[int]] = {s: [] for s in sources}
@@ -570,8 +821,19 @@ def part_tpr(args: argparse.Namespace, out_dir: Path, name: str) -> dict[str, An
         "cells": {},
         "texts": [],
     }
+    # cells of an earlier run (other temperatures / domains, same model and size) are kept
+    old = out_dir / f"{name}.json"
+    if old.exists():
+        prev = json.loads(old.read_text())
+        if prev["model"] == res["model"] and prev["texts_per_cell"] == args.texts:
+            redo = {f"T={t} {d}" for t in args.temperatures for d in args.domains}
+            res["cells"] = {k: v for k, v in prev["cells"].items() if k not in redo}
+            res["texts"] = [t for t in prev["texts"] if f"T={t['T']} {t['domain']}" not in redo]
+            res["kept_from_earlier_run"] = sorted(res["cells"])
     t0 = time.perf_counter()
-    for ti, temp in enumerate(args.temperatures):
+    for ti_, temp in enumerate(args.temperatures):
+        # the seeds of the default --temperatures 0.7 1.0, whichever subset runs
+        ti = {0.7: 0, 1.0: 1}.get(temp, 2 + ti_)
         for di, domain in enumerate(args.domains):
             prompts = prompts_for(tok, domain, args.texts)
             seeds = [100_000 * ti + 1000 * di + i for i in range(args.texts)]
@@ -788,7 +1050,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "parts",
         nargs="+",
-        choices=["fpr", "fpr-distinct", "tpr-smollm", "tpr-qwen", "localize", "render"],
+        choices=PARTS,
     )
     ap.add_argument(
         "--chunks", type=int, default=1250, help="fpr: chunks of 8 windows (all sources)"
@@ -803,7 +1065,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--alone-every", type=int, default=1, help="fpr: the window-alone forward every Nth chunk"
     )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="fpr: folder of the per-chunk records and model probabilities (resume from it); "
+        "default out/watermark-fpr-cache/smollm2-135m-DTYPE-KEY",
+    )
+    ap.add_argument(
+        "--checkpoint", type=int, default=10, help="fpr: rewrite fpr.json every N chunks"
+    )
     ap.add_argument("--dtype", default="float32", help="model dtype")
+    ap.add_argument("--repeats", type=int, default=3, help="fpr-profile: interleaved repeats")
     ap.add_argument("--texts", type=int, default=40, help="tpr: texts per (T, domain) cell")
     ap.add_argument("--batch", type=int, default=20, help="tpr: generation batch size")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
@@ -817,6 +1090,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if part == "fpr":
             res = part_fpr(args, args.out_dir)
+        elif part == "fpr-profile":
+            res = part_fpr_profile(args, args.out_dir)
         elif part == "fpr-distinct":
             res = part_fpr_distinct(args, args.out_dir)
         elif part == "localize":

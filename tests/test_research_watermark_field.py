@@ -39,3 +39,109 @@ def test_rates_carry_clopper_pearson_intervals() -> None:
     assert field.rate(0, 50)["ci95"][0] == 0.0 and field.rate(50, 50)["ci95"][1] == 1.0
     s = field.summarise([0.005, 0.5, 0.0005, 0.9])
     assert s["fpr_1pct"]["k"] == 2 and s["fpr_0.1pct"]["k"] == 1
+
+
+# --- the resumable null run (issue 52: the model-weighted FPR on >= 10k windows) -------------
+
+
+def _f32_probs(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Probabilities as batch_probs gives them: float32 values widened to float64."""
+    p = rng.uniform(0.01, 1.0, size=shape).astype(np.float32).astype(np.float64)
+    p[..., 0] = np.nan
+    return p
+
+
+def test_prob_cache_is_lossless_and_refuses_what_it_cannot_vouch_for(tmp_path) -> None:
+    rng = np.random.default_rng(3)
+    cache = field.ProbCache(tmp_path / "c")
+    ids = rng.integers(0, 999, size=field.PREFIX + field.PER_CHUNK * field.WINDOW)
+    pp = {t: _f32_probs(rng, (field.PER_CHUNK * field.WINDOW,)) for t in (1.0, 0.7)}
+    alone = _f32_probs(rng, (field.PER_CHUNK, field.WINDOW))
+    assert cache.load("man-pages", 4, ids, False) is None
+    cache.save("man-pages", 4, ids, pp, None)
+    assert cache.load("man-pages", 4, ids, True) is None  # the alone forward not stored yet
+    got, got_alone = cache.load("man-pages", 4, ids, False)
+    assert got_alone is None
+    assert all(np.array_equal(got[t], pp[t], equal_nan=True) for t in pp)  # bit for bit
+    cache.save("man-pages", 4, ids, pp, alone)
+    got, got_alone = cache.load("man-pages", 4, ids, True)
+    assert np.array_equal(got_alone, alone, equal_nan=True)
+    other = ids.copy()
+    other[7] += 1
+    with pytest.raises(SystemExit, match="other token ids"):
+        cache.load("man-pages", 4, other, False)
+    wide = {t: v + 1e-12 for t, v in pp.items()}  # not float32 values: storing would round
+    with pytest.raises(SystemExit, match="not float32"):
+        cache.save("man-pages", 5, ids, wide, None)
+
+
+def _fake_run(monkeypatch: pytest.MonkeyPatch, forwards: list[int]) -> None:
+    """part_fpr without the real model and corpus: synthetic tokens, float32 probabilities
+    from the token ids, 4 salts (the statistics are the same functions)."""
+    import types
+
+    from research.watermark_v2 import KEY
+
+    import ersd
+    from ersd.watermark import Watermark
+
+    def tokens(tok: object, source: str, count: int, skip: int = 0) -> list[int]:
+        rng = np.random.default_rng(len(source))
+        return rng.integers(0, 5000, size=skip + count)[skip:].tolist()
+
+    def probs(model: object, seqs: np.ndarray, temps: tuple[float, ...]) -> dict:
+        forwards.append(seqs.shape[0])
+        base = ((seqs * 2654435761) % 997 + 1) / 999.0
+        out = {}
+        for t in temps:
+            p = (base ** (1.0 / t)).astype(np.float32).astype(np.float64)
+            p[:, 0] = np.nan
+            out[t] = p
+        return out
+
+    monkeypatch.setattr(field, "human_tokens", tokens)
+    monkeypatch.setattr(field, "batch_probs", probs)
+    monkeypatch.setattr(field, "watermark", lambda: Watermark(key=KEY, version=2, num_salts=4))
+    monkeypatch.setattr(ersd, "load_model", lambda *a, **k: types.SimpleNamespace(tokenizer=None))
+
+
+def _run(tmp_path, *flags: str) -> dict:
+    import json
+
+    field.main([str(tmp_path / "out"), "fpr", "--chunks", "6", "--check", "0", *flags])
+    return json.loads((tmp_path / "out" / "fpr.json").read_text())
+
+
+def test_fpr_run_resumes_from_its_records_and_cache(tmp_path, monkeypatch) -> None:
+    forwards: list[int] = []
+    _fake_run(monkeypatch, forwards)
+    cache = ["--cache", str(tmp_path / "cache"), "--alone-every", "2", "--checkpoint", "2"]
+    # a run stopped before the model: every chunk model-free only
+    first = _run(tmp_path, *cache, "--model-seconds", "0")
+    assert forwards == [] and first["model_chunks"] == 0 and first["chunks_done"] == 6
+    assert first["modes"]["model_free_prompt"]["n"] == 6 * field.PER_CHUNK
+    assert "weighted_T1_prompt" not in first["modes"]
+    # resumed with the model: every chunk upgraded, one forward with the prompt per chunk
+    # and the windows-alone forward (8 rows) on chunks 0 and 2 of each source
+    second = _run(tmp_path, *cache)
+    assert sorted(forwards) == [1] * 6 + [field.PER_CHUNK] * 4 and second["complete"]
+    assert second["modes"]["weighted_T1_prompt"]["n"] == 6 * field.PER_CHUNK
+    assert second["modes"]["weighted_T1_no_prompt"]["n"] == 4 * field.PER_CHUNK
+    assert second["model_alone_chunks"] == 4
+    # the model-free p-values did not change with the model
+    for key in ("model_free_prompt", "scan_no_prompt"):
+        assert second["modes"][key]["p_values"] == first["modes"][key]["p_values"]
+    # which chunks each mode covers, by source
+    assert second["modes"]["weighted_T1_no_prompt"]["chunks"] == {
+        "man-pages": [0, 2],
+        "pypi-docstrings": [0, 2],
+    }
+    # run again: nothing to do, no forward; the same numbers
+    forwards.clear()
+    third = _run(tmp_path, *cache)
+    assert forwards == []
+    assert third["modes"] == second["modes"]
+    # a fresh journal over the cached probabilities: no forward, bit-identical p-values
+    (tmp_path / "cache" / "chunks.jsonl").unlink()
+    fourth = _run(tmp_path, *cache)
+    assert forwards == [] and fourth["modes"] == second["modes"]

@@ -145,3 +145,28 @@ def test_fpr_run_resumes_from_its_records_and_cache(tmp_path, monkeypatch) -> No
     (tmp_path / "cache" / "chunks.jsonl").unlink()
     fourth = _run(tmp_path, *cache)
     assert forwards == [] and fourth["modes"] == second["modes"]
+
+
+@pytest.mark.realmodel
+def test_run_s_probabilities_are_the_no_grad_path_s_bit_for_bit(tmp_path) -> None:
+    """inference_mode (the run) and no_grad (before it) give the same bits, row by row of a
+    batch, and the cache stores them exactly; a p-value cannot move."""
+    import ersd
+
+    model = ersd.load_model("smollm2-135m", dtype="float32")
+    rng = np.random.default_rng(11)
+    seqs = rng.integers(0, 49152, size=(2, 96))
+    new = field.batch_probs(model, seqs, (1.0, 0.7))
+    old = field.batch_probs_no_grad(model, seqs, (1.0, 0.7))
+    one = field.batch_probs(model, seqs[1:], (1.0, 0.7))
+    for t in (1.0, 0.7):
+        assert np.array_equal(new[t], old[t], equal_nan=True)
+        assert np.array_equal(new[t][1], one[t][0], equal_nan=True)
+        assert np.isnan(new[t][:, 0]).all() and np.isfinite(new[t][:, 1:]).all()
+    assert not np.array_equal(new[1.0], new[0.7], equal_nan=True)  # the temperature is used
+    cache = field.ProbCache(tmp_path)
+    ids = np.arange(field.PREFIX + 64)
+    pp = {t: new[t][0, :64] for t in (1.0, 0.7)}
+    cache.save("man-pages", 0, ids, pp, None)
+    got, _ = cache.load("man-pages", 0, ids, False)
+    assert all(np.array_equal(got[t], pp[t], equal_nan=True) for t in pp)

@@ -18,7 +18,10 @@ logits ("new": :data:`ersd.verify_batch.FROM_LOGITS`, no float64 softmax where t
 temperature only) against the float64 probabilities ("before"), under ``--scheme`` (default
 v2), alternating, for every ``--batch`` and ``--tree``: per configuration the non-forward share of
 the decode steps (mean and 95% t-interval over ``--repeats`` runs), its ms per step, the paired
-ratio of the non-forward time and whether every text is the same.  ``--cpu-time`` times
+ratio of the non-forward time and whether every text is the same.  ``--compare-draft`` does the
+same for the drafter's race from its logits (:data:`ersd.drafting.model.FROM_LOGITS`: ERSD's
+children and rank statistic without the drafter's float64 softmax; the target's winners from its
+logits on both sides); ``--compare-all``: both logits paths against neither.  ``--cpu-time`` times
 everything, the forwards included, by this process's CPU time (a loaded host); ``--target
 synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
 the forwards alone, for development).  Run alone:
@@ -27,6 +30,7 @@ the forwards alone, for development).  Run alone:
     python -m research.profile_batch --batch 8 --tokens 24 --compare-workers --repeats 3
     python -m research.profile_batch --batch 1,8 --tree chain:4,multi:2x3 --compare-verify
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-logits --repeats 6
+    python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-draft --repeats 6
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 
 import ersd
+import ersd.drafting.model as drafting_model
 import ersd.models.hf
 from ersd import verify_batch
 from ersd.batch import BatchEngine
@@ -164,9 +169,25 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+def _set_logit_paths(args, fast: bool) -> None:
+    """Switch what the comparison compares: the target's winners from its logits
+    (``--compare-logits``) or the drafter's race from its logits (``--compare-draft``; the
+    target's winners from its logits on both sides)."""
+    if args.compare_all:
+        drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = fast
+    elif args.compare_draft:
+        drafting_model.FROM_LOGITS = fast
+        verify_batch.FROM_LOGITS = True
+    else:
+        verify_batch.FROM_LOGITS = fast
+        drafting_model.FROM_LOGITS = False  # the code the --compare-logits numbers were taken on
+
+
 def compare_logits(target, draft, prompts, args) -> None:
-    """The target's winners from its logits ("new") against float64 probabilities ("before"),
-    alternating; the non-forward share of the decode steps with intervals (module docstring)."""
+    """The logits path ("new") against float64 probabilities ("before"), alternating: the
+    target's winners (``--compare-logits``) or the drafter's children and rank statistic
+    (``--compare-draft``); the non-forward share of the decode steps with intervals (module
+    docstring)."""
     import json
 
     rows = []
@@ -177,11 +198,11 @@ def compare_logits(target, draft, prompts, args) -> None:
             runs: dict[str, list[dict[str, Any]]] = {"new": [], "before": []}
             for rep in range(args.repeats):
                 for fast in [True, False] if rep % 2 == 0 else [False, True]:
-                    verify_batch.FROM_LOGITS = fast
+                    _set_logit_paths(args, fast)
                     try:
                         r = run(target, draft, ids, args.tokens, tree, None, scheme=args.scheme)
                     finally:
-                        verify_batch.FROM_LOGITS = True
+                        verify_batch.FROM_LOGITS = drafting_model.FROM_LOGITS = True
                     name = "new" if fast else "before"
                     runs[name].append(r)
                     print(
@@ -193,6 +214,9 @@ def compare_logits(target, draft, prompts, args) -> None:
                     )
             same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
             row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
+            row["compares"] = (
+                "all" if args.compare_all else "draft" if args.compare_draft else "target"
+            )
             row["same_tokens"] = same
             for name, rs in runs.items():
                 share = [r["other"] / r["wall"] for r in rs]
@@ -264,6 +288,8 @@ def main() -> None:
     ap.add_argument("--compare-workers", action="store_true")
     ap.add_argument("--compare-verify", action="store_true")
     ap.add_argument("--compare-logits", action="store_true")
+    ap.add_argument("--compare-draft", action="store_true")
+    ap.add_argument("--compare-all", action="store_true", help="both logits paths against neither")
     ap.add_argument(
         "--scheme",
         default=None,
@@ -282,6 +308,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     global CLOCK
+    args.compare_logits = args.compare_logits or args.compare_draft or args.compare_all
     args.scheme = args.scheme or ("v2" if args.compare_logits else "v1")
     if args.cpu_time:
         CLOCK = time.process_time

@@ -444,3 +444,140 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     if float(race.minima[0].min()) / _SUBNORMAL <= 2.0 * v * best:
         return None
     return int(ids[j])
+
+
+# --- the drafter's race from its logits, without the float64 probabilities --------------------
+#
+# ERSD's drafter proposes the best ``m`` tokens of its race ``E_j / q_j`` and its rank statistic
+# counts the tokens scoring below the target's winner in that race, both over ``q =
+# logits_to_probs(draft logits)`` in float64.  As for the target's winner (the block comment
+# above), the race is invariant to scaling ``q``: the same comparisons over ``w_j = exp(x_j / T -
+# max / T)`` give the same answer wherever no two compared scores are within a relative
+# LOGIT_GAP of each other, no block left undrawn comes within it, and no token involved can have a
+# subnormal reference probability.  :func:`v2_ranking_from_logits` and :func:`v2_rank_from_logits`
+# answer only then (None otherwise: the caller computes ``q`` and asks :func:`v2_race_ranking` /
+# :func:`v2_race_rank`, the same tokens and ranks).
+
+
+class LogitRow:
+    """One 1-D CPU row of logits at temperature ``t`` (plain temperature sampling), prepared for
+    v2 races in logit space: its host view, each block's largest ``x / t`` and the row's maximum
+    (the softmax's shift, the same float64 value as :func:`ersd.probs.logits_to_probs`'s), and
+    the block bounds of the last race asked about."""
+
+    __slots__ = ("_bound", "bm", "mx", "t", "x")
+
+    def __init__(self, logits: torch.Tensor, temperature: float) -> None:
+        self.t = float(temperature)
+        logits = logits.detach()
+        bm = logit_block_max(logits)
+        if self.t != 1.0:
+            bm = bm / self.t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
+        self.bm = bm
+        self.mx = float(bm.max())
+        self.x = _host_logits(logits)
+        self._bound: tuple[tuple[int, int], np.ndarray] | None = None
+
+    @property
+    def usable(self) -> bool:
+        """False for NaN or +inf logits (the probability path says what is wrong)."""
+        return math.isfinite(self.mx)
+
+    def bound(self, race: V2Race) -> np.ndarray:
+        """``M_b / exp(max_b x / t - max / t)``: no token of block ``b`` scores below it in
+        ``race`` (up to rounding, far inside LOGIT_GAP); kept for the last race."""
+        last, which = self._bound, (race.key, race.stream)  # (key, stream) fix the minima
+        if last is not None and last[0] == which:
+            return last[1]
+        with np.errstate(divide="ignore", under="ignore", over="ignore"):
+            b = race.minima[0] / np.exp(self.bm - self.mx)
+        self._bound = (which, b)
+        return b
+
+    def shifted(self, ids: np.ndarray) -> np.ndarray:
+        """``x / t - max / t`` at ``ids`` (float64), the operations of the target's path."""
+        d = self.x[ids].astype(np.float64)
+        if self.t != 1.0:
+            d /= self.t
+        d -= self.mx
+        return d
+
+    def scores(self, race: V2Race, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, E / w, x / t - max / t)`` over the tokens of ``blocks`` (ascending)."""
+        ids, e = race.block_exponentials(blocks, self.x.shape[0])
+        d = self.shifted(ids)
+        with np.errstate(divide="ignore", under="ignore", over="ignore"):
+            return ids, e / np.exp(d), d
+
+
+def _no_subnormal_below(race: V2Race, v: int, score: float) -> bool:
+    """No token whose reference probability is subnormal (or 0) can score below ``score`` (a
+    logit-space score): such a token's reference score is at least ``M_min / 2^-1022``, and a
+    token scoring ``score`` here scores at most ``v score (1 + eta)`` in the reference."""
+    return float(race.minima[0].min()) / _SUBNORMAL > 2.0 * v * score
+
+
+def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | None:
+    """:func:`v2_race_ranking`'s ``m`` best tokens (best first) of ``race`` over ``q =
+    softmax(x / t)`` as :func:`ersd.probs.logits_to_probs` computes it, found from the logits; or
+    None where rounding could decide (a near-tie among the ``m + 1`` best, a block not drawn
+    within the gap, fewer than ``m`` tokens with mass, a token whose ``q`` might be subnormal)."""
+    v = row.x.shape[0]
+    if m < 1 or m > v or not row.usable:
+        return None
+    bound = row.bound(race)
+    n_blocks = bound.size
+    n = 4
+    while True:
+        if n >= n_blocks:
+            blocks, beyond = np.arange(n_blocks), math.inf
+        else:
+            part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
+            blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
+        ids, sc, d = row.scores(race, blocks)
+        if m == 1:
+            limit = float(sc.min())
+        else:
+            finite = sc[np.isfinite(sc)]
+            limit = float(np.partition(finite, m - 1)[m - 1]) if finite.size >= m else math.inf
+        if not math.isfinite(limit):
+            if n >= n_blocks:
+                return None  # fewer than m tokens with mass
+            n *= 4
+            continue
+        if beyond > limit * (1.0 + LOGIT_GAP):
+            break
+        n *= 4
+    order = np.argsort(sc, kind="stable")[: m + 1]  # ids ascending: ties keep the lowest id first
+    top = sc[order]
+    for i in range(min(m, top.size - 1)):
+        if not top[i + 1] > top[i] * (1.0 + LOGIT_GAP):
+            return None  # a near-tie decides the order or the set
+    best = order[:m]
+    if float(np.exp(d[best]).min()) < _MIN_WINNER_WEIGHT:
+        return None  # a proposed token's reference probability might not be a normal float
+    if not _no_subnormal_below(race, v, float(top[m - 1])):
+        return None
+    return [int(i) for i in ids[best]]
+
+
+def v2_rank_from_logits(race: V2Race, row: LogitRow, token: int) -> int | None:
+    """:func:`v2_race_rank` of ``token`` in ``race`` over ``q = softmax(x / t)`` (1 + the tokens
+    scoring strictly below it), counted from the logits; or None where rounding could decide (a
+    token within the gap of ``token``'s score, or a reference probability that might be
+    subnormal)."""
+    v = row.x.shape[0]
+    if not row.usable or not 0 <= token < v:
+        return None
+    d_y = float(row.shifted(np.array([token]))[0])
+    if math.exp(d_y) < _MIN_WINNER_WEIGHT or math.isnan(d_y):
+        return None  # the token's reference probability might be 0 or subnormal
+    s = race.exponential(token) / math.exp(d_y)
+    if not math.isfinite(s) or not _no_subnormal_below(race, v, s):
+        return None
+    hi = s * (1.0 + LOGIT_GAP)
+    _, sc, _ = row.scores(race, np.flatnonzero(row.bound(race) <= hi))
+    lo = s * (1.0 - LOGIT_GAP)
+    if int(np.count_nonzero((sc >= lo) & (sc <= hi))) != 1:
+        return None  # another token within the gap (the token itself is the one)
+    return int(np.count_nonzero(sc < lo)) + 1

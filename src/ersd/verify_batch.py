@@ -39,10 +39,12 @@ import numpy as np
 import torch
 
 from ersd.methods import DraftTree, Method, TreeVerification
+from ersd.methods.base import DraftProbs
 from ersd.methods.base import Method as _Method
 from ersd.methods.ersd import ERSD
 from ersd.probs import SamplingParams, logits_to_probs, plain_temperature
 from ersd.race import STREAM_RACE, RaceNoise
+from ersd.race_v2 import v2_rank_from_logits
 
 #: find the target's v2 race winners from its logits where the sampling is temperature only
 #: (:func:`ersd.race_v2.v2_winner_from_logits`); False: from float64 probabilities (the
@@ -228,11 +230,10 @@ def _verify_levels(
                 if not kids:
                     token[i] = y
                     continue
-                q = _draft_probs(tree, c)
                 if e is None:
-                    got[i].append(noise.rank(keys[r], rules[i].race_probs(q), y))
+                    got[i].append(_lazy_rank(rules[i], noise, tree, c, keys[r], y))
                 else:
-                    got[i].append(_rank(rules[i], q, e[r], y))
+                    got[i].append(_rank(rules[i], _draft_probs(tree, c), e[r], y))
                 hit = next((k for k in kids if tree.tokens[k] == y), None)
                 if hit is None:
                     token[i] = y
@@ -263,6 +264,19 @@ def _lazy_winners(
         y = noise.winner_from_logits(key, row, t) if t is not None else None
         out.append(y if y is not None else noise.winner(key, logits_to_probs(row, params)))
     return out
+
+
+def _lazy_rank(rule: ERSD, noise: RaceNoise, tree: DraftTree, ctx: int, key: int, y: int) -> int:
+    """:meth:`ERSD.rank` of the target's winner ``y`` under v2: counted from the draft's logits
+    where the drafter kept them (:class:`~ersd.methods.base.DraftLogits`, sharpness 1) and
+    rounding cannot decide (:func:`ersd.race_v2.v2_rank_from_logits`), else over ``q``."""
+    probs = tree.draft_probs
+    held = probs.pending(ctx) if isinstance(probs, DraftProbs) else None
+    if held is not None and rule.draft_sharpness == 1.0 and held.intact():
+        r = v2_rank_from_logits(noise.lazy_race(key, STREAM_RACE), held.row, y)
+        if r is not None:
+            return r
+    return noise.rank(key, rule.race_probs(_draft_probs(tree, ctx)), y)
 
 
 def _rank(rule: ERSD, q: torch.Tensor, e: torch.Tensor, token: int) -> int:

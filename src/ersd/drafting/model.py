@@ -18,18 +18,74 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import torch
 
 from ersd.drafting.base import Proposal
 from ersd.methods import DraftTree, Method, NodeNoise
+from ersd.methods.base import DraftLogits
+from ersd.methods.ersd import ERSD
 from ersd.models.base import LanguageModel, ModelSession
-from ersd.probs import SamplingParams
-from ersd.race import RaceNoise
+from ersd.probs import SamplingParams, plain_temperature
+from ersd.race import STREAM_RACE, RaceNoise
+from ersd.race_v2 import LogitRow, v2_ranking_from_logits
 from ersd.tree import TreeShape
 
 #: ranks of the bonus token looked for in the draft's order (deeper ones: "not among them")
 BEYOND_RANKS = 8
+
+
+#: ERSD drafts from the draft's logits where that gives the same tokens (race scheme v2 on the
+#: CPU, temperature-only sampling, the paper's draft rule): :func:`draft_from_logits`.  False:
+#: always through the float64 probabilities (the reference path the tests and
+#: ``research/profile_batch.py --compare-draft`` compare with; the same trees, ranks and texts)
+FROM_LOGITS = True
+
+
+def _plain_ersd(rule: Method) -> bool:
+    """ERSD with its own drafting rule and draft race at sharpness 1: its children are the top
+    ranks of the race over ``q`` itself."""
+    cls: Any = type(rule)
+    return (
+        isinstance(rule, ERSD)
+        and cls.draft is ERSD.draft
+        and cls.race_probs is ERSD.race_probs
+        and cls.draft_children is Method.draft_children
+        and rule.draft_sharpness == 1.0
+    )
+
+
+def draft_from_logits(
+    logits: torch.Tensor,
+    num_children: int,
+    key: int,
+    rule: Method,
+    params: SamplingParams,
+    noise: RaceNoise,
+) -> tuple[list[int], DraftLogits] | None:
+    """ERSD's children below a context found from the draft's ``logits`` without the float64
+    softmax (:func:`ersd.race_v2.v2_ranking_from_logits`), and the distribution held as
+    :class:`~ersd.methods.base.DraftLogits` (computed only if read); or None where that does not
+    apply (another rule, race scheme v1, a device, top-k / top-p / min-p, temperature 0) or
+    rounding could decide, and the caller drafts through the probabilities: the same tokens."""
+    if (
+        not FROM_LOGITS
+        or logits.dim() != 1
+        or logits.device.type != "cpu"
+        or not noise.lazy()
+        or logits.shape[0] != noise.vocab_size
+        or not _plain_ersd(rule)
+    ):
+        return None
+    t = plain_temperature(params, noise.vocab_size)
+    if t is None:
+        return None
+    row = LogitRow(logits, t)
+    toks = v2_ranking_from_logits(noise.lazy_race(key, STREAM_RACE), row, num_children)
+    if toks is None:
+        return None
+    return toks, DraftLogits(logits, params, row)
 
 
 class ModelDrafter:
@@ -82,6 +138,11 @@ class ModelDraftSession:
         """Draft ``num_children`` tokens below context ``ctx`` from the draft's ``logits`` there
         (the rule's drafting rule); records the draft distribution on the tree.  Subclasses
         (:mod:`ersd.drafting.dynamic`) hook in here."""
+        lazy = draft_from_logits(logits, num_children, tree.keys[ctx], rule, params, noise)
+        if lazy is not None:
+            toks, held = lazy
+            tree.draft_probs[ctx] = held  # type: ignore[call-overload]  # read as probabilities
+            return toks
         toks, q = rule.draft_children(
             logits, params, num_children, NodeNoise(noise, tree.keys[ctx])
         )

@@ -21,7 +21,7 @@ logits, accept a child iff it is the target's argmax): every method then equals 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,6 +31,7 @@ from ersd.errors import UnsupportedTreeError
 from ersd.methods.catalog import MethodInfo
 from ersd.probs import SamplingParams, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, extend_key
+from ersd.race_v2 import LogitRow
 from ersd.tree import TreeShape
 
 
@@ -77,6 +78,72 @@ class NodeDecision:
     token: int
 
 
+class DraftLogits:
+    """The drafter's distribution at one context, kept as its logits until someone reads it.
+
+    Where ERSD drafted from the logits (race scheme v2 on the CPU, temperature-only sampling:
+    :mod:`ersd.drafting.model`), no float64 softmax was needed to draft, and the batched
+    verification counts the rank statistic from the logits too (``row``, a
+    :class:`ersd.race_v2.LogitRow`).  :meth:`probs` is :func:`ersd.probs.logits_to_probs` of the
+    logits, the bits an eager drafter stores; :class:`DraftProbs` calls it on the first read.
+    The logits must not be overwritten in place meanwhile (no backend does: every ``score``
+    call returns new rows); a torch in-place write is detected and refused."""
+
+    __slots__ = ("_version", "logits", "params", "row")
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams, row: LogitRow) -> None:
+        self.logits, self.params, self.row = logits, params, row
+        self._version = logits._version
+
+    def intact(self) -> bool:
+        """Whether the logits are as they were when drafted (no torch in-place write since)."""
+        return self.logits._version == self._version
+
+    def probs(self) -> torch.Tensor:
+        """``logits_to_probs(logits, params)``: float64, the same bits as an eager draft's."""
+        if not self.intact():
+            raise RuntimeError(
+                "the draft model's logits were overwritten in place after drafting, so the "
+                "drafted distribution (DraftTree.draft_probs) is lost; a model's score() must "
+                "return logits it does not modify later"
+            )
+        return logits_to_probs(self.logits, self.params)
+
+    def __repr__(self) -> str:
+        return f"DraftLogits(vocab={self.logits.shape[-1]}, params={self.params!r})"
+
+
+class DraftProbs(list):  # type: ignore[type-arg]
+    """:attr:`DraftTree.draft_probs`: a list of float64 tensors (or None) whose entries may be
+    held as :class:`DraftLogits` until read; indexing and iteration return the tensors (computed
+    once, on the first read, and kept).  :meth:`pending` looks at an entry without computing."""
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        item = super().__getitem__(i)
+        if isinstance(item, DraftLogits):
+            item = item.probs()
+            super().__setitem__(i, item)
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __reversed__(self) -> Iterator[Any]:
+        for i in range(len(self) - 1, -1, -1):
+            yield self[i]
+
+    def copy(self) -> DraftProbs:
+        return DraftProbs(list.__getitem__(self, i) for i in range(len(self)))
+
+    def pending(self, i: int) -> DraftLogits | None:
+        """Entry ``i`` if it is still held as logits (nothing computed), else None."""
+        item = super().__getitem__(i)
+        return item if isinstance(item, DraftLogits) else None
+
+
 @dataclass
 class DraftTree:
     """A drafted tree below the current context.
@@ -85,16 +152,24 @@ class DraftTree:
     ``0`` (root) and ``i + 1`` (after node ``i``); ``keys[ctx]`` is the race key of that context and
     ``draft_probs[ctx]`` the drafter's distribution there (None where nothing was drafted below it).
     ``children[ctx]`` lists the node indices drafted below context ``ctx`` in child-index order.
+
+    ``draft_probs`` is a :class:`DraftProbs` list: reading an entry gives the float64
+    probabilities, but where ERSD drafted from the logits (race scheme v2, temperature only, on
+    the CPU) they are computed on the first read, not when drafting.
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)
-    draft_probs: list[torch.Tensor | None] = field(default_factory=list)
+    draft_probs: list[torch.Tensor | None] = field(default_factory=DraftProbs)
     children: list[list[int]] = field(default_factory=list)
 
     #: the context of the root (the committed sequence)
     ROOT = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draft_probs, DraftProbs):
+            self.draft_probs = DraftProbs(self.draft_probs)
 
     @classmethod
     def empty(cls, key: int) -> DraftTree:

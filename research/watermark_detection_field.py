@@ -495,10 +495,17 @@ def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     journal = root / "chunks.jsonl"
     records: dict[tuple[str, int], dict[str, Any]] = {}
     if journal.exists():
-        for line in journal.read_text().splitlines():
-            if line.strip():
+        lines = journal.read_text().splitlines()
+        for i, line in enumerate(lines):
+            try:
                 r = json.loads(line)
-                records[(r["source"], r["chunk"])] = r  # a later record replaces an earlier
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise SystemExit(f"{journal}: line {i + 1} is not JSON: delete it") from None
+                log(f"[fpr] {journal}: the last line was cut by a stop; that chunk is redone")
+                journal.write_text("".join(x + "\n" for x in lines[:-1]))
+                continue
+            records[(r["source"], r["chunk"])] = r  # a later record replaces an earlier
     order = fpr_order(per_source)
     t0 = time.perf_counter()
     res["resumed_chunks"] = len(records)

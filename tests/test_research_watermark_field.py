@@ -141,6 +141,16 @@ def test_fpr_run_resumes_from_its_records_and_cache(tmp_path, monkeypatch) -> No
     third = _run(tmp_path, *cache)
     assert forwards == []
     assert third["modes"] == second["modes"]
+    # a run stopped while writing a record: that chunk is redone, the rest kept
+    journal = tmp_path / "cache" / "chunks.jsonl"
+    text = journal.read_text()
+    journal.write_text(text + text.splitlines()[0][:50])
+    assert _run(tmp_path, *cache)["modes"] == second["modes"]
+    assert journal.read_text() == text  # the cut line dropped, nothing to redo (a later copy)
+    journal.write_text(text.splitlines()[0][:50] + "\n" + text)
+    with pytest.raises(SystemExit, match="line 1 is not JSON"):
+        _run(tmp_path, *cache)
+    journal.write_text(text)
     # a fresh journal over the cached probabilities: no forward, bit-identical p-values
     (tmp_path / "cache" / "chunks.jsonl").unlink()
     fourth = _run(tmp_path, *cache)

@@ -113,7 +113,7 @@ class DraftLogits:
         return f"DraftLogits(vocab={self.logits.shape[-1]}, params={self.params!r})"
 
 
-class DraftProbs(list):  # type: ignore[type-arg]
+class DraftProbs(list):
     """:attr:`DraftTree.draft_probs`: a list of float64 tensors (or None) whose entries may be
     held as :class:`DraftLogits` until read; indexing and iteration return the tensors (computed
     once, on the first read, and kept).  :meth:`pending` looks at an entry without computing."""

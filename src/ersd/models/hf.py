@@ -90,6 +90,11 @@ class HFModel:
     ``isinstance(model, HFModel)`` before using them.
     """
 
+    #: score a call whose pending and new nodes form one chain with the plain causal mask
+    #: (:meth:`HFSession._is_chain`) instead of an explicit 4-D one; False: always the 4-D tree
+    #: mask (the earlier path, kept for the before/after tests and measurements)
+    causal_chains: bool = True
+
     def __init__(
         self,
         model: PreTrainedModel,

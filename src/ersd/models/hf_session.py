@@ -230,7 +230,9 @@ class HFSession:
         pos = list(range(cached, length))
         pos.extend(length + d - 1 for d in depths)
         allowed: torch.Tensor | None = None
-        if n or num_pending:
+        if (n or num_pending) and not (
+            self.owner.causal_chains and self._is_chain([*self._ppar, *parents])
+        ):
             q = t + n
             kv = cached + num_pending + q
             allowed = torch.zeros(q, kv, dtype=torch.bool)
@@ -258,6 +260,17 @@ class HFSession:
             ancestors=ancs,
             previous=previous,
         )
+
+    @staticmethod
+    def _is_chain(parents: Sequence[int]) -> bool:
+        """Whether the pending nodes and the new ones (``parents``: all of them, in pending
+        order) form one chain below the committed sequence, in order: then the cache holds the
+        committed tokens and the chain at consecutive columns and positions, every row sees
+        exactly the columns before it, and the forward's mask is the plain causal one
+        (``allowed = None``: transformers builds it, or skips it for one query row, as it does in
+        its own decoding loop) -- the shape of every call of a chain tree and of a chain
+        drafter."""
+        return all(p == j - 1 for j, p in enumerate(parents))
 
     def _near(self, plan: MaskPlan) -> torch.Tensor:
         """Sliding-window layers see keys less than ``window`` positions back (transformers'

@@ -32,6 +32,7 @@ import torch
 
 import ersd
 from ersd.errors import GenerationInputError, ModelLoadError, VocabularyMismatchError
+from ersd.models.llamacpp import DEFAULT_EXACT_KV_CACHE, EXACT_KV_CACHES
 
 if importlib.util.find_spec("llama_cpp") is None and not os.environ.get("ERSD_REQUIRE_LLAMACPP"):
     pytest.skip(
@@ -52,6 +53,14 @@ TREES = ["chain:3", "multi:2x2", "paths:[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]"]
 def model() -> Any:
     """The backend under test (exact batch policy). The contract suite's factory goes here."""
     return ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=512)
+
+
+@pytest.fixture(scope="module", params=EXACT_KV_CACHES)
+def exact_model(request: pytest.FixtureRequest) -> Any:
+    """The exact policy with each KV cache it accepts (the bit-exact properties hold for all)."""
+    return ersd.load_model(
+        "smollm2-135m", backend="llamacpp", threads=1, context=512, kv_cache=request.param
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +93,8 @@ def _path_to(parents: Sequence[int], node: int) -> list[int]:
 # 1. backend contract (bit-exact under the exact batch policy)
 
 
-def test_tree_rows_equal_per_path_forwards(model: Any) -> None:
+def test_tree_rows_equal_per_path_forwards(exact_model: Any) -> None:
+    model = exact_model
     rng = random.Random(3)
     prompt = _prompt(model)
     sess = model.start(prompt)
@@ -106,8 +116,9 @@ def test_tree_rows_equal_per_path_forwards(model: Any) -> None:
         assert torch.equal(root[0], _fresh_root(model, sess.committed))
 
 
-def test_level_by_level_scoring_equals_one_call(model: Any) -> None:
+def test_level_by_level_scoring_equals_one_call(exact_model: Any) -> None:
     """A drafter's calls (one per depth, parents in earlier calls) give the same rows."""
+    model = exact_model
     rng = random.Random(5)
     prompt = _prompt(model)
     parents = [-1, -1, 0, 0, 1, 2, 2, 4]
@@ -126,7 +137,8 @@ def test_level_by_level_scoring_equals_one_call(model: Any) -> None:
     assert torch.equal(sess.score([], [])[0], _fresh_root(model, [*prompt, *accepted, 42]))
 
 
-def test_commit_then_score_equals_fresh_prefill(model: Any) -> None:
+def test_commit_then_score_equals_fresh_prefill(exact_model: Any) -> None:
+    model = exact_model
     rng = random.Random(11)
     sess = model.start(_prompt(model))
     for _step in range(8):
@@ -169,15 +181,15 @@ def test_bad_parents_and_paths_raise(model: Any) -> None:
     assert torch.equal(sess.score([], [])[0], _fresh_root(model, sess.committed))
 
 
-def test_batch_policy_two_threads_long_context() -> None:
+@pytest.mark.parametrize("kv_cache", EXACT_KV_CACHES)
+def test_batch_policy_two_threads_long_context(kv_cache: str) -> None:
     """Why the exact policy exists: with 2 threads and >= 512 cached cells an f16 cache makes a
     one-token decode (split-KV flash attention) differ from the same row in a tree decode; the
-    exact policy's rows agree bit for bit."""
+    exact policy's rows agree bit for bit, with each cache it accepts."""
     diffs = {}
     for exact in (True, False):
-        m = ersd.load_model(
-            "smollm2-135m", backend="llamacpp", threads=2, context=1024, exact=exact
-        )
+        kw: dict[str, Any] = {"kv_cache": kv_cache} if exact else {"exact": False}
+        m = ersd.load_model("smollm2-135m", backend="llamacpp", threads=2, context=1024, **kw)
         prompt = (_prompt(m) * 80)[:530]
         toks = [11, 12, 13]
         rows = m.start(prompt).score(toks, [-1, 0, 1])
@@ -208,7 +220,10 @@ def kquant_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_rows_do_not_depend_on_the_batch_size_with_repackable_weights(kquant_gguf: Path) -> None:
+@pytest.mark.parametrize("kv_cache", EXACT_KV_CACHES)
+def test_rows_do_not_depend_on_the_batch_size_with_repackable_weights(
+    kquant_gguf: Path, kv_cache: str
+) -> None:
     """Regression (ERSD differed from target-only decoding on Qwen2.5-Coder Q4_K_M): llama.cpp
     multiplies repacked Q4_K weights by a GEMM for batch rows in groups of 4 and a GEMV for the
     other ``n % 4`` rows, which round differently, so a row changed when a tree was decoded with
@@ -216,7 +231,8 @@ def test_rows_do_not_depend_on_the_batch_size_with_repackable_weights(kquant_ggu
     (repacked) shows the effect, so the test can fail."""
     diffs = {}
     for exact in (True, False):
-        m = ersd.load_model(kquant_gguf, backend="llamacpp", threads=1, context=256, exact=exact)
+        kw: dict[str, Any] = {"kv_cache": kv_cache} if exact else {"exact": False}
+        m = ersd.load_model(kquant_gguf, backend="llamacpp", threads=1, context=256, **kw)
         assert m.repack is not exact and m.describe()["repack"] is not exact
         long = (_prompt(m) * 20)[:60]
         worst = 0.0
@@ -383,6 +399,7 @@ def test_tokenizer_and_metadata(model: Any) -> None:
     assert tok.encode("<|im_end|>", add_special_tokens=False)[0] in model.eos_token_ids
     info = model.describe()
     assert info["backend"] == "llamacpp" and info["batch_policy"] == "exact"
+    assert info["kv_cache"] == model.kv_cache == DEFAULT_EXACT_KV_CACHE
     assert info["layers"] == 30 and info["vocab_size"] == model.vocab_size == 49152
     assert model.max_length == 512
 
@@ -435,6 +452,22 @@ def test_bad_options_and_mismatches(model: Any) -> None:
 def test_exact_policy_refuses_repacked_weights() -> None:
     with pytest.raises(ModelLoadError, match="repack=True cannot be combined with exact=True"):
         ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=64, repack=True)
+
+
+def test_kv_cache_choices() -> None:
+    """An unknown cache type, or one that puts flash attention on a batch-dependent path under
+    the exact policy, is refused naming the fix; the fast policy takes any."""
+    with pytest.raises(ModelLoadError, match="kv_cache='q4' is not a KV cache type"):
+        ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=64, kv_cache="q4")
+    for kv in ("f16", "f32"):
+        with pytest.raises(ModelLoadError, match=f"kv_cache='{kv}' cannot be combined with exact"):
+            ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=64, kv_cache=kv)
+    fast = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=64, exact=False)
+    assert fast.describe()["kv_cache"] == "f16"
+    bf16 = ersd.load_model(
+        "smollm2-135m", backend="llamacpp", threads=1, context=64, exact=False, kv_cache="bf16"
+    )
+    assert bf16.start([1, 2, 3]).score([4], [-1]).shape == (2, bf16.vocab_size)
 
 
 def test_tree_and_context_limits() -> None:

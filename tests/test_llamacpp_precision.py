@@ -27,10 +27,11 @@ pytestmark = pytest.mark.realmodel
 TEXT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_identity_check_tells_the_batch_policies_apart(exact: bool) -> None:
-    fast = {} if exact else {"exact": False, "repack": False}
-    m = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=512, **fast)
+@pytest.mark.parametrize("cache", ["q8_0", "bf16", "fast"])
+def test_identity_check_tells_the_batch_policies_apart(cache: str) -> None:
+    exact = cache != "fast"
+    kw: dict = {"kv_cache": cache} if exact else {"exact": False, "repack": False}
+    m = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, context=512, **kw)
     prompt = (m.tokenizer.encode(TEXT) * 10)[:100]
     check = check_tree_identity(m, prompt)
     if exact:

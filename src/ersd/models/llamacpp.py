@@ -56,6 +56,13 @@ DEFAULT_CONTEXT = 4096
 #: cache cells beyond the context window, for pending tree nodes and parked nodes
 EXTRA_CELLS = 512
 DEFAULT_MAX_PATHS = 62
+#: KV cache storage types by name: ggml type ids (llama-cpp-python 0.3.36 exports no BF16 constant)
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+#: caches that keep flash attention on its per-query path in every call (the exact policy's):
+#: llama.cpp's split-KV (one query) and tiled (>= 64 queries) paths need an f16/f32 cache
+EXACT_KV_CACHES = ("bf16", "q8_0")
+#: the exact policy's default cache (see docs/llamacpp.md, "Batch policy", for the measurements)
+DEFAULT_EXACT_KV_CACHE = "q8_0"
 
 logger = logging.getLogger("ersd.llamacpp")
 _LIB: Any = None
@@ -129,6 +136,7 @@ def load_model(
     exact: bool = True,
     max_paths: int = DEFAULT_MAX_PATHS,
     repack: bool | None = None,
+    kv_cache: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
     **unknown: Any,
@@ -142,7 +150,7 @@ def load_model(
     if unknown:
         raise ModelLoadError(
             f"option(s) {sorted(unknown)} do not apply to the llama.cpp backend; it takes "
-            "threads=, context=, exact=, max_paths=, repack= and cache_dir="
+            "threads=, context=, exact=, max_paths=, repack=, kv_cache= and cache_dir="
         )
     llama_lib()
     path = resolve_gguf(name_or_path, cache_dir, progress)
@@ -157,6 +165,7 @@ def load_model(
         exact=exact,
         max_paths=max_paths,
         repack=repack,
+        kv_cache=kv_cache,
     )
 
 
@@ -250,6 +259,9 @@ class LlamaCppModel:
         repack: let llama.cpp repack quantized weights for the CPU (faster batches; default
             ``not exact``: the repacked GEMM rounds a row differently in a group of 4 than alone,
             so ``exact=True`` with ``repack=True`` is refused).
+        kv_cache: the KV cache's storage type, one of :data:`KV_CACHE_TYPES` (default
+            :data:`DEFAULT_EXACT_KV_CACHE` with ``exact=True``, ``"f16"`` otherwise); the exact
+            policy takes only :data:`EXACT_KV_CACHES`.
     """
 
     def __init__(
@@ -262,6 +274,7 @@ class LlamaCppModel:
         exact: bool = True,
         max_paths: int = DEFAULT_MAX_PATHS,
         repack: bool | None = None,
+        kv_cache: str | None = None,
     ) -> None:
         lib = llama_lib()
         self.lib = lib
@@ -274,6 +287,20 @@ class LlamaCppModel:
                 "make a token's logits depend on the call's batch size (GEMM for rows in groups "
                 "of 4, GEMV for the rest); drop repack= or pass exact=False"
             )
+        if kv_cache is None:
+            kv_cache = DEFAULT_EXACT_KV_CACHE if exact else "f16"
+        if kv_cache not in KV_CACHE_TYPES:
+            raise ModelLoadError(
+                f"kv_cache={kv_cache!r} is not a KV cache type this backend offers; pass one of "
+                f"{', '.join(map(repr, KV_CACHE_TYPES))}"
+            )
+        if exact and kv_cache not in EXACT_KV_CACHES:
+            raise ModelLoadError(
+                f"kv_cache={kv_cache!r} cannot be combined with exact=True: with an f16/f32 cache "
+                "llama.cpp's flash attention splits a lone query's cells across threads and tiles "
+                "calls of >= 64 tokens, so a token's logits depend on the call; pass kv_cache="
+                f"{' or '.join(map(repr, EXACT_KV_CACHES))}, or exact=False"
+            )
         if not 1 <= max_paths <= 250:
             raise ModelLoadError(f"max_paths must be in [1, 250], got {max_paths}")
         self.name = name or self.path.name
@@ -281,6 +308,8 @@ class LlamaCppModel:
         self.exact = bool(exact)
         self.max_paths = int(max_paths)
         self.repack = (not self.exact) if repack is None else bool(repack)
+        self.kv_cache: str = kv_cache
+        self._flash_attn = True  # studies only: the non-FA path is not exact (docs/llamacpp.md)
         params = lib.llama_model_default_params()
         params.use_extra_bufts = self.repack
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
@@ -346,6 +375,7 @@ class LlamaCppModel:
             "threads": self.threads,
             "batch_policy": "exact" if self.exact else "fast",
             "repack": self.repack,
+            "kv_cache": self.kv_cache,
             "device": "cpu",
             "dtype": "gguf",
             "llama_cpp_python": getattr(self.lib, "__version__", "?"),
@@ -388,15 +418,20 @@ class LlamaCppModel:
         params.n_seq_max = self.n_seq_max
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = self.threads
-        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if self.exact:  # a quantized cache keeps flash attention on its per-query path
-            params.type_k = params.type_v = lib.GGML_TYPE_Q8_0
+        params.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if self._flash_attn
+            else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        # exact policy: a bf16 or Q8_0 cache keeps flash attention on its per-query path
+        params.type_k = params.type_v = KV_CACHE_TYPES[self.kv_cache]
         params.no_perf = True
         ctx = lib.llama_init_from_model(self.model, params)
         if not ctx:
             raise ModelLoadError(
-                f"llama.cpp could not create a context of {params.n_ctx} tokens for {self.name} "
-                "(out of memory?); pass a smaller context="
+                f"llama.cpp could not create a context of {params.n_ctx} tokens with a "
+                f"{self.kv_cache} KV cache for {self.name} (out of memory, or a cache type this "
+                "build does not support?); pass a smaller context= or another kv_cache="
             )
         return _Context(lib, ctx, self.n_seq_max, self.vocab_size)
 
@@ -454,7 +489,7 @@ def load(name_or_path: str, **options: Any) -> Any:
         raise ModelLoadError(
             f"option(s) {wrong} do not apply to the llama.cpp backend (it runs the GGUF's own "
             "quantized weights on the CPU); it takes threads=, context=, exact=, max_paths=, "
-            "repack= and cache_dir="
+            "repack=, kv_cache= and cache_dir="
         )
     for k in _HF_ONLY:
         options.pop(k, None)

@@ -3,11 +3,18 @@
 Per prompt and round, in rotating order: ``plain`` (llama-cpp-python's ``Llama.create_completion``,
 its own sampler, every truncation off, T = 1), ``ersd-none`` (ersd target-only, exact policy),
 ``ersd-auto`` (ERSD ``tree="auto"`` with a fast-policy draft of the same GGUF) and, for the split,
-``ersd-none-fast`` (target-only, fast policy).  Tokens/s of each run; per prompt the ratio of
-each ersd config to ``plain`` in the same round; summary: median of ratios with a bootstrap 95%
-interval (2000 resamples of prompts, fixed seed).
+``ersd-none-fast`` (target-only, fast policy).  A ``:CACHE`` suffix (``ersd-none:bf16``,
+``ersd-auto:q8_0``) picks the exact target's KV cache (default: the library's); every
+``ersd-auto[:CACHE]`` run's text is checked against ``ersd-none[:CACHE]``'s (same seed), and the
+exact target-only texts of two caches are compared too (``none_same_text``: the caches are
+different models, so they may differ).  Tokens/s of each run; per prompt the ratio of each ersd
+config to ``plain`` in the same round; summary: median of ratios with a bootstrap 95% interval
+(2000 resamples of prompts, fixed seed).
 
     OMP_NUM_THREADS=1 python docs/results/llamacpp-overhead-2026-12-06/measure.py --prompts 8
+    OMP_NUM_THREADS=1 python docs/results/llamacpp-overhead-2026-12-06/measure.py \
+        --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --threads 2 --tokens 96 \
+        --configs plain,ersd-none:q8_0,ersd-none:bf16,ersd-auto:bf16
 """
 
 from __future__ import annotations
@@ -42,21 +49,31 @@ def main() -> None:
     llm = lib.Llama(
         path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
     )
-    exact = ersd.load_model(path, backend="llamacpp", threads=args.threads, context=1024)
+    configs = args.configs.split(",")
+    caches = sorted({c.split(":")[1] for c in configs if ":" in c})
+    exacts = {
+        kv: ersd.load_model(
+            path, backend="llamacpp", threads=args.threads, context=1024, kv_cache=kv or None
+        )
+        for kv in ["", *caches]
+    }
+    exact = exacts[""]
     fast = ersd.load_model(
         path, backend="llamacpp", threads=args.threads, context=1024, exact=False
     )
     dmodel = fast
     if args.draft is not None:
         dmodel = ersd.load_model(
-            str(resolve_gguf(args.draft)), backend="llamacpp", threads=args.threads, context=1024,
+            str(resolve_gguf(args.draft)),
+            backend="llamacpp",
+            threads=args.threads,
+            context=1024,
             exact=False,
         )
     sets = ["humaneval", "mtbench", "math"]
     per = -(-args.prompts // len(sets))
     prompts = [p for s in sets for p in load_prompts([s], "eval", per)][: args.prompts]
     ids_all = [encode_prompt(exact.tokenizer, p, "auto", 256) for p in prompts]
-    configs = args.configs.split(",")
     n = args.tokens
 
     draft_forwards: list[int] = []
@@ -70,7 +87,8 @@ def main() -> None:
             )
             k = int(out["usage"]["completion_tokens"])
             return k / (time.perf_counter() - t0), []
-        model = fast if cfg.endswith("-fast") else exact
+        kv = cfg.split(":")[1] if ":" in cfg else ""
+        model = fast if cfg.endswith("-fast") else exacts[kv]
         draft = dmodel if "auto" in cfg else None
         res = ersd.generate(
             model,
@@ -96,28 +114,35 @@ def main() -> None:
             toks = {}
             for cfg in order:
                 rec[cfg], toks[cfg] = run(cfg, ids, 1000 + i)
-            if "ersd-none" in toks and "ersd-auto" in toks:
-                rec["auto_identical"] = toks["ersd-none"] == toks["ersd-auto"]
+            for cfg in configs:
+                ref = cfg.replace("ersd-auto", "ersd-none")
+                if cfg.startswith("ersd-auto") and ref in toks:
+                    key = "auto_identical" + cfg[len("ersd-auto") :]
+                    rec[key] = toks[ref] == toks[cfg]
+            nones = [c for c in configs if c.startswith("ersd-none") and not c.endswith("-fast")]
+            if len(nones) > 1:
+                rec["none_same_text"] = len({tuple(toks[c]) for c in nones}) == 1
             rows.append(rec)
             print(json.dumps(rec), flush=True)
     rng = random.Random(0)
-    summary: dict[str, Any] = {"threads": args.threads, "tokens": n, "runs": len(rows)}
+    summary: dict[str, Any] = {"model": args.model, "threads": args.threads, "tokens": n}
+    summary["runs"] = len(rows)
     summary["auto_draft_forwards"] = sum(draft_forwards)
     for cfg in configs:
         if cfg == "plain":
             continue
         ratios = [row[cfg] / row["plain"] for row in rows]
-        boots = sorted(
-            statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000)
-        )
+        boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
         summary[cfg] = {
             "median_ratio": round(statistics.median(ratios), 3),
             "ci95": [round(boots[50], 3), round(boots[1949], 3)],
             "median_tps": round(statistics.median(row[cfg] for row in rows), 1),
         }
     summary["plain_median_tps"] = round(statistics.median(row["plain"] for row in rows), 1)
-    if any("auto_identical" in row for row in rows):
-        summary["auto_identical"] = sum(bool(row.get("auto_identical")) for row in rows)
+    for key in sorted({k for row in rows for k in row if k.startswith("auto_identical")}):
+        summary[key] = sum(bool(row.get(key)) for row in rows)
+    if any("none_same_text" in row for row in rows):
+        summary["none_same_text"] = sum(bool(row.get("none_same_text")) for row in rows)
     print(json.dumps(summary))
     sys.stdout.flush()
 

@@ -19,8 +19,8 @@ cells are cached (f16 cache) and tiles queries from 64 on; the K-quant tiled GEM
 
 * the weights are **not repacked** (``repack`` defaults to ``not exact``): ``vec_dot`` and
   tinyBLAS then give the same bits for a row in any batch (tests check it, on Q4_K weights too);
-* the KV cache is stored as Q8_0: flash attention then always runs its per-query path (the split
-  and tiled paths need an f16/f32 cache);
+* the KV cache is stored as Q8_0 (or bf16, ``kv_cache="bf16"``): flash attention then always runs
+  its per-query path (the split and tiled paths need an f16/f32 cache);
 * ``GGML_CPU_TILED_MM=0`` (set when this module first loads llama.cpp, unless already set) keeps
   the K-quant tiled GEMM off;
 * flash attention sums the cached cells in cache order, so rejected tree nodes lying *before* an

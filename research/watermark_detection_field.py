@@ -181,15 +181,18 @@ def human_tokens(tok: Any, source: str, count: int, skip: int = 0) -> list[int]:
 # --- model probabilities, batched -----------------------------------------------------------
 
 
-def batch_probs(model: Any, seqs: np.ndarray, temps: tuple[float, ...]) -> dict[float, np.ndarray]:
+def batch_probs(
+    model: Any, seqs: np.ndarray, temps: tuple[float, ...], *, no_grad: bool = False
+) -> dict[float, np.ndarray]:
     """``[B, L]`` probability of each token given the ones before it in its row (column 0:
     nan), at each temperature: one forward of the model's Hugging Face module (no autograd
-    state: :func:`torch.inference_mode`), every temperature from the same logits."""
+    state: :func:`torch.inference_mode`; ``no_grad``: ``torch.no_grad`` as before, for
+    ``fpr-profile``), every temperature from the same logits."""
     import torch
 
     hf = model.hf_module
     out = {t: np.full(seqs.shape, np.nan) for t in temps}
-    with torch.inference_mode():
+    with torch.no_grad() if no_grad else torch.inference_mode():
         logits = hf(input_ids=torch.as_tensor(seqs, dtype=torch.long), use_cache=False).logits
         nxt = torch.as_tensor(seqs[:, 1:], dtype=torch.long).unsqueeze(-1)
         for t in temps:
@@ -581,23 +584,6 @@ def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     return res
 
 
-def batch_probs_no_grad(
-    model: Any, seqs: np.ndarray, temps: tuple[float, ...]
-) -> dict[float, np.ndarray]:
-    """:func:`batch_probs` as it was before (``torch.no_grad``), for ``fpr-profile``."""
-    import torch
-
-    hf = model.hf_module
-    out = {t: np.full(seqs.shape, np.nan) for t in temps}
-    with torch.no_grad():
-        logits = hf(input_ids=torch.as_tensor(seqs, dtype=torch.long), use_cache=False).logits
-        nxt = torch.as_tensor(seqs[:, 1:], dtype=torch.long).unsqueeze(-1)
-        for t in temps:
-            lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1).gather(-1, nxt)
-            out[t][:, 1:] = lp.squeeze(-1).exp().double().numpy()
-    return out
-
-
 def part_fpr_profile(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """Where the model-weighted null run spends its time, per 1,056-token chunk: the forward
     with the prompt (no_grad vs inference_mode; one chunk vs two batched -- and whether the
@@ -630,7 +616,7 @@ def part_fpr_profile(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     same: dict[str, bool] = {}
     for _ in range(args.repeats):
         a = timed(
-            "prompt_forward_no_grad", lambda: batch_probs_no_grad(model, ids2[:1], (1.0, 0.7))
+            "prompt_forward_no_grad", lambda: batch_probs(model, ids2[:1], (1.0, 0.7), no_grad=True)
         )
         b = timed("prompt_forward_inference_mode", lambda: batch_probs(model, ids2[:1], (1.0, 0.7)))
         two = timed("two_chunks_batched", lambda: batch_probs(model, ids2, (1.0, 0.7)))

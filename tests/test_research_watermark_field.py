@@ -167,7 +167,7 @@ def test_run_s_probabilities_are_the_no_grad_path_s_bit_for_bit(tmp_path) -> Non
     rng = np.random.default_rng(11)
     seqs = rng.integers(0, 49152, size=(2, 96))
     new = field.batch_probs(model, seqs, (1.0, 0.7))
-    old = field.batch_probs_no_grad(model, seqs, (1.0, 0.7))
+    old = field.batch_probs(model, seqs, (1.0, 0.7), no_grad=True)
     one = field.batch_probs(model, seqs[1:], (1.0, 0.7))
     for t in (1.0, 0.7):
         assert np.array_equal(new[t], old[t], equal_nan=True)

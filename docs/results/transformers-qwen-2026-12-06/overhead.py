@@ -35,6 +35,9 @@ from typing import Any
 
 import torch
 import transformers
+
+# the same prompts and model pairs as the speed run (measure.py, beside this script)
+from measure import PAIRS, PROMPTS
 from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,23 +48,6 @@ from ersd.methods.base import GreedyRule
 from ersd.models.bundled.cache import prepare
 from ersd.models.hf import HFModel
 from ersd.models.hf_session import HFSession
-
-PROMPTS = [
-    "Write a Python function that checks whether a string is a palindrome.",
-    "def merge_sort(items):\n    ",
-    "Explain what a hash map is in two sentences.",
-    "import json\n\ndef load_config(path):\n    ",
-    "Write a SQL query that returns the ten most recent orders.",
-    "What is the difference between a list and a tuple in Python?",
-    "class LRUCache:\n    def __init__(self, capacity):\n        ",
-    "Write a bash one-liner that counts the lines of every .py file in a folder.",
-]
-
-PAIRS = {
-    # name: (target bundled name, draft bundled name, draft layer count or None)
-    "smollm2": ("smollm2-135m", "smollm2-135m", 8),
-    "qwen": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", None),
-}
 
 
 class Forwards:

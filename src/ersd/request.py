@@ -26,6 +26,7 @@ from typing import Any
 
 from ersd.drafting import ConfidenceDrafter, Drafter, DynamicDrafter
 from ersd.drafting.grown import dynamic_drafter
+from ersd.drafting.model import draft_stop_of
 from ersd.errors import ErsdError, GenerationInputError, VocabularyMismatchError, WatermarkError
 from ersd.methods import Method, get_method, rule_for
 from ersd.methods.catalog import race_winners_only
@@ -300,6 +301,16 @@ class Request:
         shape = label = chooser = None
         if tree is not None:
             label = tree.label
+            stop = draft_stop_of(drafter)
+            if stop is not None and (tree.dynamic is not None or tree.auto is not None):
+                raise GenerationInputError(
+                    f"tree {tree.label!r} chooses its own depth and takes no draft stop; use a "
+                    f"fixed tree such as 'chain:6' with ModelDrafter(model, stop={stop:g}), or "
+                    "a drafter without stop",
+                    param="tree",
+                )
+            if stop is not None:
+                label = f"{label}+stop={stop:g}"  # the tree drafted is cut by the stop
             if tree.dynamic is not None:
                 with blame("tree"):
                     drafter = dynamic_drafter(tree.dynamic, drafter, meth)

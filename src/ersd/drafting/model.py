@@ -12,10 +12,21 @@ more row of the output layer gives the draft's distribution at the bonus, and wi
 the bonus token in the draft's order there: an observation of depth ``leaf + 1`` that costs no
 forward (:attr:`ModelDraftSession.observe_beyond`, read by ``tree="auto"``, which otherwise
 never learns how deep trees would fare while it drafts short ones).
+
+**The confidence stop** (``ModelDrafter(model, stop=0.4)``): a drafted node whose token had a
+draft probability below ``stop`` is kept but gets no children, so a chain ends there and, in a
+tree, that branch does (``transformers``' assisted generation does the same with its
+``assistant_confidence_threshold``: ``ConfidenceCriteria`` keeps the token and then stops).  The
+probability is the draft's sampling distribution at the request's settings (temperature, top-k,
+top-p, min-p; at temperature 0 the plain softmax of the draft's logits, as transformers' greedy
+draft scores are).  It changes only the drafted tree, so ERSD's text is unchanged (drafter
+invariance); it saves the draft forwards (and target tokens) below a token the draft is unsure
+of, where the rest of a chain is most likely rejected.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -23,11 +34,12 @@ from typing import Any
 import torch
 
 from ersd.drafting.base import Proposal
+from ersd.drafting.grow import DrafterConfigError
 from ersd.methods import DraftTree, Method, NodeNoise
 from ersd.methods.base import DraftLogits
 from ersd.methods.ersd import ERSD
 from ersd.models.base import LanguageModel, ModelSession
-from ersd.probs import SamplingParams, plain_temperature
+from ersd.probs import SamplingParams, logits_to_probs, plain_temperature
 from ersd.race import STREAM_RACE, RaceNoise
 from ersd.race_v2 import LogitRow, v2_ranking_from_logits
 from ersd.tree import TreeShape
@@ -88,21 +100,71 @@ def draft_from_logits(
     return toks, DraftLogits(logits, params, row)
 
 
-class ModelDrafter:
-    """A :class:`~ersd.drafting.base.Drafter` backed by a draft language model."""
+def check_stop(stop: Any) -> float | None:
+    """``stop`` of :class:`ModelDrafter` checked: None (or 0) is off, else a probability in
+    (0, 1]."""
+    if stop is None:
+        return None
+    ok = isinstance(stop, int | float) and not isinstance(stop, bool)
+    if not ok or math.isnan(stop) or not 0.0 <= float(stop) <= 1.0:
+        raise DrafterConfigError(
+            f"draft stop must be a probability in [0, 1] (a drafted token whose draft "
+            f"probability is below it ends its chain, e.g. 0.4 as transformers' "
+            f"assistant_confidence_threshold) or None for no stop, got {stop!r}",
+            param="draft_stop",
+        )
+    return float(stop) or None
 
-    def __init__(self, model: LanguageModel) -> None:
+
+def token_probability(logits: torch.Tensor, token: int, params: SamplingParams) -> float:
+    """The draft's probability of ``token`` at a context from its ``logits`` there: its sampling
+    distribution under ``params`` (the softmax of ``logits / T`` after top-k / top-p / min-p); at
+    temperature 0 the plain softmax (what transformers' greedy assistant scores its tokens by)."""
+    row = logits.double()
+    if params.greedy:
+        return math.exp(float(row[token] - torch.logsumexp(row, -1)))
+    t = plain_temperature(params, row.shape[-1])
+    if t is not None:
+        row = row / t
+        return math.exp(float(row[token] - torch.logsumexp(row, -1)))
+    return float(logits_to_probs(logits, params)[token])
+
+
+class ModelDrafter:
+    """A :class:`~ersd.drafting.base.Drafter` backed by a draft language model.
+
+    ``stop`` (None: off): the confidence stop -- a drafted token whose draft probability is
+    below ``stop`` gets no children, so its chain (or branch) ends there, the token kept
+    (module docstring).  ERSD's text does not change; the draft forwards it saves are counted
+    in ``GenerationResult.draft_forwards``, and the result's tree label gets ``+stop=VALUE``.
+    ``tree="auto"`` and ``dynamic:K`` choose their own depths and refuse it.
+    """
+
+    def __init__(self, model: LanguageModel, stop: float | None = None) -> None:
         self.model = model
+        self.stop = check_stop(stop)
 
     @property
     def vocab_size(self) -> int:
         return int(self.model.vocab_size)
 
     def start_drafting(self, prompt: Sequence[int]) -> ModelDraftSession:
-        return ModelDraftSession(self.model.start(list(prompt)))
+        session = ModelDraftSession(self.model.start(list(prompt)))
+        session.stop = self.stop
+        return session
 
     def __repr__(self) -> str:
-        return f"ModelDrafter({self.model!r})"
+        stop = "" if self.stop is None else f", stop={self.stop}"
+        return f"ModelDrafter({self.model!r}{stop})"
+
+
+def draft_stop_of(drafter: Any) -> float | None:
+    """The confidence stop of ``drafter``: a :class:`ModelDrafter`'s, or the model part's of a
+    hybrid drafter; None when it has none."""
+    if isinstance(drafter, ModelDrafter):
+        return drafter.stop
+    model = getattr(drafter, "model", None)
+    return model.stop if isinstance(model, ModelDrafter) else None
 
 
 class ModelDraftSession:
@@ -116,6 +178,10 @@ class ModelDraftSession:
     #: generation loop for ``tree="auto"``; needs a session with ``score_previous`` (the
     #: PyTorch backend's), and is skipped by the batched engine, which drives :meth:`grow`
     observe_beyond = False
+
+    #: the confidence stop (:class:`ModelDrafter`'s ``stop``): a drafted token whose draft
+    #: probability is below it gets no children; None: off (the dynamic drafters' sessions)
+    stop: float | None = None
 
     def __init__(self, session: ModelSession) -> None:
         self.session = session
@@ -190,7 +256,7 @@ class ModelDraftSession:
                 toks = self._draft_at(tree, ctx, logits, len(kids), rule, params, noise)
                 for kid, tok in zip(kids, toks, strict=False):
                     child = tree.add_child(ctx, tok)
-                    if shape.child_nodes(kid):
+                    if shape.child_nodes(kid) and self._confident(logits, tok, params):
                         grown.append((kid, child))
             if not grown:
                 break
@@ -212,6 +278,12 @@ class ModelDraftSession:
             frontier = [(s, c, rows[1 + r]) for r, (s, c) in enumerate(grown)]
         self._fed = fed
         return tree
+
+    def _confident(self, logits: torch.Tensor, token: int, params: SamplingParams) -> bool:
+        """Whether a drafted ``token`` may get children: no stop, or its draft probability is
+        at least the stop (transformers' ``ConfidenceCriteria`` stops when it is below)."""
+        stop = self.stop
+        return stop is None or token_probability(logits, token, params) >= stop
 
     def propose(
         self,

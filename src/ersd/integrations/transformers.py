@@ -29,7 +29,11 @@ What comes from where:
   loop, so it is refused), ``tree``, ``method``, ``seed`` (an int, or one per row), ``watermark``,
   ``race_scheme`` (``"v1"``, the default, or ``"v2"``: docs/race-schemes.md), ``stop_tokenizer``
   (the tokenizer for ``stop_strings``: ``generate`` keeps ``tokenizer=`` to itself when
-  ``custom_generate`` is a callable).
+  ``custom_generate`` is a callable), ``draft_stop`` (the confidence stop of the chain drafter:
+  a drafted token whose draft probability is below it ends the chain, as assisted generation's
+  ``assistant_confidence_threshold``; not read from the draft's generation config, whose
+  transformers default 0.4 would turn it on unasked: pass it explicitly, e.g.
+  ``draft_stop=0.4``; the tokens do not change with ERSD).
 
 ``generate`` passes a custom callable neither ``streamer`` nor ``assistant_model``; they are read
 from the calling ``generate`` frame (the only place they exist), which is why :func:`generate`
@@ -146,6 +150,26 @@ def _as_draft(draft_model: Any) -> Any:
     if isinstance(draft_model, PreTrainedModel):
         return wrap_module(draft_model)
     return draft_model
+
+
+def _with_stop(draft: Any, draft_stop: Any) -> Any:
+    """``draft`` with the confidence stop ``draft_stop`` (None: ``draft`` as it is): a draft
+    model becomes a :class:`ersd.drafting.ModelDrafter` with that stop."""
+    from ersd.drafting.model import ModelDrafter, check_stop
+    from ersd.models.base import LanguageModel
+
+    stop = check_stop(draft_stop)
+    if stop is None:
+        return draft
+    if isinstance(draft, ModelDrafter):
+        return ModelDrafter(draft.model, stop=stop)
+    if isinstance(draft, LanguageModel):
+        return ModelDrafter(draft, stop=stop)
+    raise _refuse(
+        f"draft_stop applies to a draft model, but draft_model is a {type(draft).__name__}; "
+        "pass a draft model (a PreTrainedModel or ersd model) or leave draft_stop out",
+        param="draft_stop",
+    )
 
 
 def _folder_tokenizer(module: Any) -> Any:
@@ -370,6 +394,7 @@ def generate(
     race_scheme: str = "v1",
     stop_strings: str | Sequence[str] | None = None,
     stop_tokenizer: Any = None,
+    draft_stop: float | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative sampling with ersd as transformers' decoding loop (see the module docstring).
@@ -381,7 +406,10 @@ def generate(
     :func:`ersd.generate_batch_stream` with ``seeds=seed`` (an int: row ``i`` gets
     ``ersd.derive_seed(seed, i)``; a list: one seed per row), each row exactly its solo call.
     ``race_scheme`` picks how the races are drawn, as in :func:`ersd.generate` (a text
-    reproduces only under its own scheme).
+    reproduces only under its own scheme).  ``draft_stop`` (None: off): the draft model's
+    confidence stop (:class:`ersd.drafting.ModelDrafter`'s ``stop``; e.g. 0.4, assisted
+    generation's default ``assistant_confidence_threshold``), which shortens the drafted chains
+    where the draft is unsure and leaves ERSD's tokens unchanged.
     """
     from ersd.batch import batch_requests, batch_seeds, run_requests
     from ersd.generation import as_drafter, generate_stream
@@ -422,12 +450,12 @@ def generate(
             param="max_new_tokens",
         )
     target = wrap_module(model)
-    draft = _as_draft(draft_model)
+    draft = _with_stop(_as_draft(draft_model), draft_stop)
     tokenizer = stop_tokenizer
     if draft_model is not None:
         _check_draft_tokenizer(model, draft_model, stop_tokenizer)
     if stop_strings and tokenizer is None:
-        tokenizer = _hf_tokenizer(draft) or _folder_tokenizer(model)
+        tokenizer = _hf_tokenizer(getattr(draft, "model", draft)) or _folder_tokenizer(model)
     eos = gc.eos_token_id
     criteria = _stop_criteria(stopping_criteria or [], stop_strings, tokenizer, gc.max_length, eos)
     common: dict[str, Any] = {

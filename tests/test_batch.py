@@ -237,3 +237,38 @@ def test_growing_sessions_declare_the_protocol(pair) -> None:
         session = drafter.start_drafting([1, 2])
         assert isinstance(session, GrowingSession), type(session).__name__
     assert not isinstance(LookupDrafter().start_drafting([1, 2]), GrowingSession)
+
+
+def test_engine_growing_check_equals_the_protocol_check(pair) -> None:
+    """The engine's cheap ``grows`` is ``isinstance(x, GrowingSession)``: its member list is the
+    protocol's, and it agrees on real sessions and on objects missing a member or holding a
+    None method (a check that looked at ``grow`` alone is rejected by the same cases)."""
+    import types
+
+    from ersd.batch import GROWING_MEMBERS, grows
+    from ersd.drafting import ConfidenceDrafter, DynamicDrafter, LookupDrafter
+    from ersd.drafting.base import GrowingSession
+
+    members = set()
+    for cls in GrowingSession.__mro__:
+        if cls.__module__ == "ersd.drafting.base":
+            members |= set(vars(cls).get("__annotations__", {}))
+            members |= {k for k, v in vars(cls).items() if callable(v) and not k.startswith("_")}
+    assert set(GROWING_MEMBERS) == members
+    _, draft = pair
+    drafters = [ersd.ModelDrafter(draft), DynamicDrafter(draft, 4), ConfidenceDrafter(draft, 4)]
+    cases: list[object] = [d.start_drafting([1, 2]) for d in drafters]
+    cases.append(LookupDrafter().start_drafting([1, 2]))
+    full = {name: (lambda *a: None) for name in GROWING_MEMBERS}
+    full.update(session=object(), parallel_grow=True)
+    cases.append(types.SimpleNamespace(**full))
+    for name in GROWING_MEMBERS:
+        cases.append(types.SimpleNamespace(**{k: v for k, v in full.items() if k != name}))
+        cases.append(types.SimpleNamespace(**{**full, name: None}))
+
+    def grow_only(x: object) -> bool:
+        return getattr(x, "grow", None) is not None
+
+    assert [grows(x) for x in cases] == [isinstance(x, GrowingSession) for x in cases]
+    assert [grow_only(x) for x in cases] != [isinstance(x, GrowingSession) for x in cases]
+    assert sum(isinstance(x, GrowingSession) for x in cases) >= 4

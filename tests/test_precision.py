@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from ersd.config_choice import Described, choose_config, choose_llamacpp, describe_as, fast_twin
 from ersd.cost_store import CostStore, model_key
 from ersd.costs import DEFAULT_SIZES
-from ersd.config_choice import Described, choose_config, describe_as
 from ersd.precision import IdentityCheck, IdentityRecords, check_tree_identity
 
 ENV = {"cpu": "fake", "torch_threads": 1}
@@ -224,10 +224,10 @@ def test_config_auto_refuses_the_options_it_sets() -> None:
 
     res = CliRunner().invoke(main, ["generate", "--config", "auto", "--dtype", "bfloat16", "hi"])
     assert res.exit_code == 2 and "--config auto chooses --dtype itself" in res.output
-    res = CliRunner().invoke(
-        main, ["generate", "--config", "auto", "--backend", "llamacpp", "--draft", "x", "hi"]
-    )
-    assert res.exit_code == 2 and "--tree auto instead" in res.output
+    res = CliRunner().invoke(main, ["generate", "--config", "auto", "--draft", "none", "hi"])
+    assert res.exit_code == 2 and "nothing to choose: drop --config auto" in res.output
+    res = CliRunner().invoke(main, ["generate", "--batch-policy", "fast", "hi"])
+    assert res.exit_code == 2 and "--batch-policy applies to --backend llamacpp only" in res.output
 
 
 @pytest.mark.realmodel
@@ -289,3 +289,114 @@ def test_generate_says_before_the_run_whether_identity_holds(
         assert out["identity"]["max_abs_diff"] <= 1e-3
         assert "config auto: target float32, draft int8" in res.stderr
         assert "bfloat16 <- bfloat16 left out: its tree rows differ" in res.stderr
+
+
+# --- llama.cpp: the exact batch policy only where a draft repays it ---------------------------
+
+
+def _gguf(policy: str, name: str = "T") -> dict[str, Any]:
+    info = {"backend": "llamacpp", "name": name, "dtype": "gguf", "threads": 2}
+    info.update(batch_policy=policy, repack=policy == "fast", kv_cache="q8_0")
+    return fast_twin(info) if policy == "fast" else info
+
+
+def _llama_store(tmp_path: Path, exact: float | None, fast: float | None, draft: float) -> Any:
+    store = CostStore(tmp_path, env=lambda: ENV)
+    sizes = len(DEFAULT_SIZES)
+    if exact is not None:  # a tree of n tokens costs a little more than one (the exact policy)
+        curve = [exact * (1 + 0.05 * i) for i in range(sizes)]
+        store.put_curve(Described(_gguf("exact")), 1, DEFAULT_SIZES, curve)
+    if fast is not None:
+        store.put_curve(Described(_gguf("fast")), 1, DEFAULT_SIZES, [fast] * sizes)
+    store.put_curve(Described(_gguf("fast", "D")), 1, DEFAULT_SIZES, [draft] * sizes)
+    return store
+
+
+def _choose_llama(store: Any) -> Any:
+    return choose_llamacpp(Described(_gguf("exact")), Described(_gguf("fast", "D")), store=store)
+
+
+def test_llamacpp_unmeasured_keeps_the_exact_policy_and_says_how_to_measure(
+    tmp_path: Path,
+) -> None:
+    for exact, fast in ((None, None), (0.10, None), (None, 0.05)):
+        c = _choose_llama(_llama_store(tmp_path / f"{exact}-{fast}", exact, fast, 0.02))
+        assert c.candidate.batch_policy == "exact" and c.tree == "auto" and not c.measured
+        assert "ersd models calibrate --backend llamacpp --target T --draft D" in c.reason
+
+
+def test_llamacpp_fast_target_only_wins_where_no_draft_repays_the_exact_policy(
+    tmp_path: Path,
+) -> None:
+    # the 2-core Sapphire Rapids: exact decodes 1.5x the fast ones, a draft a third of a target
+    c = _choose_llama(_llama_store(tmp_path, exact=0.15, fast=0.10, draft=0.05))
+    assert c.candidate.batch_policy == "fast" and c.tree == "none" and c.measured
+    assert "no draft repays" in c.reason
+    rows = c.table
+    assert rows["llama.cpp fast policy, target-only"]["predicted_tokens_per_second"] == 10.0
+    # a nearly free draft and exact forwards almost as cheap: drafting under the exact policy wins
+    c = _choose_llama(_llama_store(tmp_path / "b", exact=0.105, fast=0.10, draft=0.005))
+    assert c.candidate.batch_policy == "exact" and c.tree == "auto" and c.measured
+    # the same costs on another machine are not used
+    other = CostStore(tmp_path, env=lambda: {"cpu": "another", "torch_threads": 1})
+    assert not _choose_llama(other).measured
+
+
+def test_llamacpp_a_stored_profile_decides_whether_drafting_pays(tmp_path: Path) -> None:
+    store = _llama_store(tmp_path, exact=0.11, fast=0.10, draft=0.01)
+    t, d = Described(_gguf("exact")), Described(_gguf("fast", "D"))
+    store.put_profile(t, d, "ersd", 1.0, [[0.05, 0.02]] * 8, 100)  # the draft rarely agrees
+    assert _choose_llama(store).candidate.batch_policy == "fast"
+    store.put_profile(t, d, "ersd", 1.0, [[0.95, 0.02]] * 8, 100)  # it nearly always agrees
+    assert _choose_llama(store).candidate.batch_policy == "exact"
+
+
+def _llamacpp_or_skip() -> None:
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("llama_cpp") is None and not os.environ.get(
+        "ERSD_REQUIRE_LLAMACPP"
+    ):
+        pytest.skip("llama-cpp-python is not installed (pip install 'ersd[llamacpp]')")
+
+
+@pytest.mark.realmodel
+def test_llamacpp_config_auto_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ersd models calibrate` stores both policies under the keys the choice reads (the fast
+    twin's description is the fast model's own); with curves where the fast policy wins,
+    `ersd generate --config auto` runs it target-only and its tokens are the fast model's
+    target-only race sampling."""
+    import json
+
+    from click.testing import CliRunner
+
+    import ersd
+    from ersd.cli import main
+
+    _llamacpp_or_skip()
+    monkeypatch.setenv("ERSD_COST_STORE", str(tmp_path))
+    exact = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1)
+    fast = ersd.load_model("smollm2-135m", backend="llamacpp", threads=1, exact=False)
+    assert fast_twin(exact.describe()) == fast.describe()
+    base = ["--backend", "llamacpp", "--target", "smollm2-135m", "--draft", "smollm2-135m"]
+    res = CliRunner().invoke(
+        main, ["models", "calibrate", *base, "--threads", "1", "--temperatures", ""]
+    )
+    assert res.exit_code == 0, res.output
+    c = choose_llamacpp(exact, fast, store=CostStore.default())
+    assert c.measured, c.reason
+    # now make the fast policy the clear winner and generate
+    store = CostStore.default()
+    store.put_curve(exact, 1, DEFAULT_SIZES, [1.0] * len(DEFAULT_SIZES))
+    store.put_curve(fast, 1, DEFAULT_SIZES, [0.01] * len(DEFAULT_SIZES))
+    args = ["generate", *base, "--threads", "1", "--config", "auto", "--json"]
+    res = CliRunner().invoke(main, [*args, "--max-new-tokens", "12", "--seed", "3", "def f(x):"])
+    assert res.exit_code == 0, res.output
+    assert "fast batch policy, target-only" in res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    ids = fast.tokenizer.encode("def f(x):")
+    ref = ersd.generate(fast, None, ids, max_new_tokens=12, seed=3, temperature=1.0)
+    assert out["tokens"] == ref.tokens
+    res = CliRunner().invoke(main, [*args, "--batch-policy", "fast", "hi"])
+    assert res.exit_code == 2 and "--config auto chooses --batch-policy itself" in res.output

@@ -47,6 +47,9 @@ class Candidate:
     dtype: str
     draft_dtype: str
     tree: str
+    #: llama.cpp only: the target's batch policy (``"exact"`` keeps tree rows equal to one-token
+    #: rows; ``"fast"`` is llama.cpp's own repacked weights, run target-only)
+    batch_policy: str | None = None
 
 
 #: the configurations considered, the invariant default first
@@ -269,10 +272,84 @@ def choose_config(
     return ConfigChoice(best, str(row["tree"]), True, reason, table)
 
 
+#: llama.cpp: ERSD under the exact batch policy (``tree="auto"``, the invariant default), or the
+#: fast policy target-only -- the exact policy is paid only where a draft can repay it
+LLAMACPP_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("llama.cpp exact policy <- draft", "gguf", "gguf", "auto", "exact"),
+    Candidate("llama.cpp fast policy, target-only", "gguf", "none", "none", "fast"),
+)
+
+
+def fast_twin(info: dict[str, Any]) -> dict[str, Any]:
+    """What the same GGUF loaded with ``exact=False`` (repacked weights, f16 cache) would
+    ``describe()``, from an exact-policy model's description: the cost store's key of the fast
+    policy without loading a second copy."""
+    return {**info, "batch_policy": "fast", "repack": True, "kv_cache": "f16"}
+
+
+def choose_llamacpp(
+    target: Any,
+    draft: Any,
+    *,
+    temperature: float = 1.0,
+    store: Any = None,
+    candidates: Sequence[Candidate] = LLAMACPP_CANDIDATES,
+) -> ConfigChoice:
+    """The batch policy (and tree) for a llama.cpp ``target`` (loaded with the exact policy)
+    and its ``draft`` (a model or None), by this machine's stored curves.
+
+    The exact policy keeps ERSD's text drafter-invariant but costs every forward (unrepacked
+    weights: 1.5x a one-token decode on a 2-core Sapphire Rapids, docs/llamacpp.md); it is chosen
+    when its best predicted tree (or target-only, whichever is faster) beats the fast policy's
+    one-token decode, and is the default while either is unmeasured.  The fast policy runs
+    target-only, so its text is trivially the same whatever the draft (there is none)."""
+    from ersd.cost_store import CostStore
+    from ersd.costs import DEFAULT_SIZES
+
+    store = store if store is not None else CostStore.default()
+    exact_c, fast_c = candidates
+    tinfo = target.describe()
+    table: dict[str, dict[str, Any]] = {}
+    tc = store.get_curve(target, 1, DEFAULT_SIZES)
+    dc = store.get_curve(draft, 1, DEFAULT_SIZES) if draft is not None else None
+    fc = store.get_curve(Described(fast_twin(tinfo)), 1, DEFAULT_SIZES)
+    exact_rate: float | None = None
+    if tc is not None:  # target-only or the best usual tree (a nominal profile if none stored)
+        exact_rate = 1.0 / tc[0]
+        if dc is not None:
+            prof = store.get_profile(target, draft, "ersd", temperature)
+            exact_rate = max(exact_rate, _predict("chain:1", (tc, dc), prof or NOMINAL_PROFILE)[0])
+    fast_rate = 1.0 / fc[0] if fc is not None else None
+    table[exact_c.name] = {"eligible": True, "predicted_tokens_per_second": exact_rate}
+    table[fast_c.name] = {"eligible": True, "predicted_tokens_per_second": fast_rate}
+    calib = f"`ersd models calibrate --backend llamacpp --target {tinfo.get('name')}" + (
+        f" --draft {draft.describe().get('name')}`" if draft is not None else " --draft none`"
+    )
+    if exact_rate is None or fast_rate is None:
+        missing = [c.name for c, r in ((exact_c, exact_rate), (fast_c, fast_rate)) if r is None]
+        reason = (
+            f"no stored cost measurement for {' and '.join(missing)}: the invariant default "
+            f"(exact batch policy); {calib} measures both"
+        )
+        return ConfigChoice(exact_c, exact_c.tree, False, reason, table)
+    rates = f"{exact_c.name} {exact_rate:.2f}, {fast_c.name} {fast_rate:.2f}"
+    if exact_rate >= fast_rate:
+        reason = f"highest predicted tokens/s from the stored measurements ({rates})"
+        return ConfigChoice(exact_c, exact_c.tree, True, reason, table)
+    reason = (
+        f"highest predicted tokens/s from the stored measurements ({rates}): no draft repays "
+        "the exact policy's forwards on this machine, so the draft is not used"
+    )
+    return ConfigChoice(fast_c, fast_c.tree, True, reason, table)
+
+
 __all__ = [
     "CANDIDATES",
+    "LLAMACPP_CANDIDATES",
     "Candidate",
     "ConfigChoice",
     "choose_config",
+    "choose_llamacpp",
     "describe_as",
+    "fast_twin",
 ]

@@ -70,6 +70,12 @@ def main() -> None:
             context=1024,
             exact=False,
         )
+    # what `ersd generate --backend llamacpp --config auto` would run here (the stored curves of
+    # `ersd models calibrate --backend llamacpp`): config "ersd-config"
+    from ersd.config_choice import choose_llamacpp
+
+    choice = choose_llamacpp(exact, dmodel if args.draft is not None else None)
+    print(f"# config auto: {choice.summary()}", file=sys.stderr, flush=True)
     sets = ["humaneval", "mtbench", "math"]
     per = -(-args.prompts // len(sets))
     prompts = [p for s in sets for p in load_prompts([s], "eval", per)][: args.prompts]
@@ -87,6 +93,8 @@ def main() -> None:
             )
             k = int(out["usage"]["completion_tokens"])
             return k / (time.perf_counter() - t0), []
+        if cfg == "ersd-config":  # --config auto's choice
+            cfg = "ersd-none-fast" if choice.candidate.batch_policy == "fast" else "ersd-auto"
         kv = cfg.split(":")[1] if ":" in cfg else ""
         model = fast if cfg.endswith("-fast") else exacts[kv]
         draft = dmodel if "auto" in cfg else None
@@ -127,6 +135,7 @@ def main() -> None:
     rng = random.Random(0)
     summary: dict[str, Any] = {"model": args.model, "threads": args.threads, "tokens": n}
     summary["runs"] = len(rows)
+    summary["config_auto"] = choice.to_dict()
     summary["auto_draft_forwards"] = sum(draft_forwards)
     for cfg in configs:
         if cfg == "plain":

@@ -36,6 +36,7 @@ class ModelArgs:
     device: str = "cpu"
     backend: str = "hf"
     threads: int | None = None
+    batch_policy: str = "exact"
 
     @property
     def has_draft(self) -> bool:
@@ -112,6 +113,17 @@ def model_options(*, dtype: str = "bfloat16", dtype_help: str | None = None) -> 
             "the extra: pip install 'ersd[llamacpp]'; --dtype/--linear/--device do not apply).",
         ),
         click.option("--threads", type=int, default=None, help="llamacpp: CPU threads."),
+        click.option(
+            "--batch-policy",
+            default="exact",
+            show_default=True,
+            type=click.Choice(["exact", "fast"]),
+            help="llamacpp: the target's batch policy. exact: tree rows equal one-token rows, so "
+            "ERSD's text is drafter-invariant (unrepacked weights: slower decodes); fast: "
+            "llama.cpp's repacked weights (its own speed; ERSD's text then depends on the tree, "
+            "use it with --draft none). --config auto picks by measurement. Drafts always run "
+            "fast: a draft never changes the text.",
+        ),
     ]
 
     def apply(f: F) -> F:
@@ -183,13 +195,24 @@ def load_pair(args: ModelArgs) -> LoadedPair:
 
     if args.backend == "llamacpp" and args.draft_layers is not None:
         raise click.UsageError("--draft-layers needs --backend hf")
+    if args.backend != "llamacpp" and args.batch_policy != "exact":
+        raise click.UsageError("--batch-policy applies to --backend llamacpp only; drop it")
     t0 = time.perf_counter()
     if args.backend == "llamacpp":
 
         def load_target(name: str) -> Any:
-            return ersd.load_model(name, backend="llamacpp", threads=args.threads, progress=True)
+            return ersd.load_model(
+                name,
+                backend="llamacpp",
+                threads=args.threads,
+                exact=args.batch_policy == "exact",
+                progress=True,
+            )
 
-        load_draft_model = load_target
+        def load_draft_model(name: str) -> Any:  # its rows never reach the text: llama.cpp's speed
+            return ersd.load_model(
+                name, backend="llamacpp", threads=args.threads, exact=False, progress=True
+            )
     else:
         overrides: dict[str, Any] = (
             {"num_hidden_layers": args.draft_layers} if args.draft_layers is not None else {}

@@ -5,6 +5,7 @@ close the text came to a flip, said after it (:mod:`ersd.precision`,
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +30,14 @@ def apply_config_auto(models: Any, tree: str, temperature: float, log: Any) -> t
     from ersd.config_choice import choose_config
 
     ctx = click.get_current_context()
+    sets = (
+        ("batch_policy", "tree")
+        if models.backend == "llamacpp"
+        else ("dtype", "draft_dtype", "tree")
+    )
     given = [
         f"--{name.replace('_', '-')}"
-        for name in ("dtype", "draft_dtype", "tree")
+        for name in sets
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
     ]
     if given:
@@ -39,14 +45,45 @@ def apply_config_auto(models: Any, tree: str, temperature: float, log: Any) -> t
             f"--config auto chooses {', '.join(given)} itself; drop {' and '.join(given)} or "
             "--config auto"
         )
-    if models.backend != "hf" or not models.has_draft:
+    if not models.has_draft:
         raise click.UsageError(
-            "--config auto chooses PyTorch dtypes for a target and a draft model; with "
-            "--backend llamacpp or no draft use --tree auto instead"
+            "--config auto chooses how a target runs with a draft; with --draft none there is "
+            "nothing to choose: drop --config auto"
         )
+    if models.backend == "llamacpp":  # chosen once the models are loaded: choose_llamacpp_policy
+        return models, "auto"
     choice = choose_config(models.target, models.draft, temperature=temperature)
     log(f"[{choice.summary()}]")
     return replace(models, dtype=choice.dtype, draft_dtype=choice.draft_dtype), choice.tree
+
+
+def choose_llamacpp_policy(pair: Any, temperature: float, log: Any) -> tuple[Any, str]:
+    """``--config auto`` with ``--backend llamacpp``, once the exact-policy target and the draft
+    are loaded: keep them and draft with ``tree="auto"``, or -- where the stored measurements say
+    no draft repays the exact policy's forwards -- reload the target with llama.cpp's fast policy
+    and run it target-only (:func:`ersd.config_choice.choose_llamacpp`)."""
+    import ersd
+    from ersd.auto import draft_model_of
+    from ersd.config_choice import choose_llamacpp
+
+    draft = draft_model_of(pair.draft) if pair.draft is not None else None
+    choice = choose_llamacpp(pair.target, draft, temperature=temperature)
+    if choice.candidate.batch_policy == "fast":
+        t0 = time.perf_counter()
+        target = ersd.load_model(
+            str(pair.target.path), backend="llamacpp", threads=pair.target.threads, exact=False
+        )
+        pair = replace(
+            pair,
+            args=replace(pair.args, batch_policy="fast", draft="none"),
+            target=target,
+            draft=None,
+            seconds=pair.seconds + time.perf_counter() - t0,
+        )
+        log(f"[config auto: llama.cpp fast batch policy, target-only ({choice.reason})]")
+    else:
+        log(f"[config auto: llama.cpp exact batch policy, tree {choice.tree} ({choice.reason})]")
+    return pair, choice.tree
 
 
 def identity_before_run(pair: Any, method: Any, log: Any) -> Any:

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ersd.commands._loading import ModelArgs, load_pair, model_options
-from ersd.commands._precision import apply_config_auto, identity_before_run, margins_after_run
+from ersd.commands._precision import (
+    apply_config_auto,
+    choose_llamacpp_policy,
+    identity_before_run,
+    margins_after_run,
+)
 from ersd.methods.catalog import METHOD_NAMES
 
 if TYPE_CHECKING:
@@ -246,6 +251,10 @@ def generate(
         )
         lines = read_prompts(prompts_file) if prompts_file is not None else None
         pair = load_pair(models)
+        if config == "auto" and models.backend == "llamacpp":
+            pair, tree = choose_llamacpp_policy(pair, temperature, log)
+            if pair.draft is None:  # the fast policy, target-only
+                template = replace(template, tree=None)
         if wm is not None:  # a key made for another tokenizer would mark text no reader matches
             from ersd.watermark.settings import check_tokenizer
 

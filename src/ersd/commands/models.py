@@ -225,6 +225,20 @@ def calibrate_cmd(
                 curve = measure_curve(model, prompt, DEFAULT_SIZES, batch=b)
                 store.put_curve(model, b, DEFAULT_SIZES, curve)
                 curves.setdefault(role, {})[b] = curve
+        if models.backend == "llamacpp" and pair.target.exact:
+            # the fast policy's one-token decode: --config auto weighs the exact policy (and the
+            # trees it allows) against it (ersd.config_choice.choose_llamacpp)
+            import ersd
+
+            fast = ersd.load_model(
+                str(pair.target.path),
+                backend="llamacpp",
+                threads=pair.target.threads,
+                exact=False,
+            )
+            curve = measure_curve(fast, measure_prompt(fast, prompts[0]), DEFAULT_SIZES)
+            store.put_curve(fast, 1, DEFAULT_SIZES, curve)
+            curves["target, fast policy"] = {1: curve}
         profiles: dict[float, dict[str, Any]] = {}
         if draft is not None and temps:
             for t in temps:

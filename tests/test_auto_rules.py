@@ -25,9 +25,10 @@ from ersd.methods import get_method
 from ersd.tree import AutoTree, TreeShape
 
 
-def chain(k: int, tokens: float, seconds: float) -> Candidate:
-    """chain:k predicted to emit ``tokens`` (over the batch) in ``seconds``."""
-    return Candidate(f"chain:{k}", TreeShape.chain(k), tokens, seconds)
+def chain(k: int, tokens: float, seconds: float, observed: int = 0) -> Candidate:
+    """chain:k predicted to emit ``tokens`` (over the batch) in ``seconds``, its depths'
+    estimates resting on at least ``observed`` observations."""
+    return Candidate(f"chain:{k}", TreeShape.chain(k), tokens, seconds, observed)
 
 
 #: drafting's rate 20 against plain's 10 (a clear lead), 0.8x (behind)
@@ -49,6 +50,16 @@ CASES: list[tuple[str, list[Candidate], float, RunState, str, str, dict[str, Any
         "best predicted rate",
         {"smaller_tree_within": 0.0},
         "chain:4",
+    ),
+    (
+        "trusted_after",  # the same two trees, every depth of both observed 8 times
+        [chain(2, 2.0, 0.1, observed=8), chain(4, 3.0, 0.146, observed=8)],
+        10.0,
+        LONG,
+        "chain:4",
+        "best predicted rate",
+        {"trusted_after": float("inf")},
+        "chain:2",
     ),
     (
         "cannot_pay",  # a run of plain steps would explore, were drafting not hopeless
@@ -113,6 +124,23 @@ def test_each_rule_decides_its_case(rule, cands, plain, state, tree, why, off, t
     assert (d.spec, d.shape is None) == (tree, tree == "none"), d
     assert why in d.why, d
     assert decide(cands, plain, state, replace(RULES, **off)).spec == tree_off
+
+
+def test_trusted_depths_keep_the_margin_where_the_deep_estimate_is_thin() -> None:
+    """The margin still picks the smaller tree while the larger one's deepest depth has fewer
+    than ``trusted_after`` observations, and a trusted smaller tree is not given up for a
+    larger one within the margin either; a chooser reports the fewest observations behind a
+    depth's estimate (0 for a depth never observed)."""
+    n = int(RULES.trusted_after)
+    thin = [chain(2, 2.0, 0.1, observed=n), chain(4, 3.0, 0.146, observed=n - 1)]
+    assert decide(thin, 10.0, LONG).spec == "chain:2"
+    faster_small = [chain(2, 2.06, 0.1, observed=n), chain(4, 3.0, 0.146, observed=n)]
+    assert decide(faster_small, 10.0, LONG).spec == "chain:2"  # 20.6 > 20.5 tokens/s
+    costs = CostModel(sizes=[1, 2, 4, 8], target=[0.1] * 4, draft=[0.01] * 4)
+    c = TreeChooser(AutoTree(costs=costs), None, None, get_method("ersd"), None, 0.0)
+    for _ in range(3):
+        c.observe([], 2, 4)  # 4 drafted, 2 accepted: depths 1-3 observed, depth 4 not
+    assert [c.observed(d) for d in (1, 3, 4)] == [3, 3, 0]
 
 
 def test_the_batch_start_margin_holds_back_only_a_batch_whose_draft_has_not_started() -> None:

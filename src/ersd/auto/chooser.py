@@ -240,6 +240,13 @@ class TreeChooser:
             self._shapes = (key, shapes)
         return self._shapes[1]
 
+    def observed(self, depth: int) -> int:
+        """The fewest observations of the online estimate at any of depths 1..``depth`` (0
+        with a fixed profile, or where a depth was never observed): how well a tree of that
+        depth's prediction is founded (:func:`~ersd.auto.policy.smallest_near_best`)."""
+        trials = self.online.trials if self.online is not None else []
+        return min(trials[:depth]) if 0 < depth <= len(trials) else 0
+
     def candidates(self, probs: list[Any]) -> dict[str, TreeShape]:
         """Chains, and (ERSD at T > 0) optimal trees of :data:`.rules.TREE_SIZES` nodes under
         ``probs`` (a tree equal to an earlier candidate is left out)."""
@@ -401,14 +408,14 @@ class TreeChooser:
             factors[i] = max(own[i] + z * spread * unsure, 0.0)
         plain = total / batch_finish_seconds(left, lambda b: b / self._plain_rate(costs, b))
         out = []
-        for spec, shape, tokens, seconds in predicted:
+        for spec, shape, tokens, seconds, observed in predicted:
             gain = tokens / len(rows) - 1.0  # drafted tokens accepted per step, pooled
             steps = [
                 n / min(1.0 + f * gain, 1.0 + shape.depth)
                 for n, f in zip(left, factors, strict=True)
             ]
             finish = batch_finish_seconds(steps, functools.partial(self._step_time, costs, shape))
-            out.append(Candidate(spec, shape, total / finish * seconds, seconds))
+            out.append(Candidate(spec, shape, total / finish * seconds, seconds, observed))
         return out, plain
 
     def _run_state(self, costs: CostModel, context: list[int], batch: int) -> RunState:
@@ -463,7 +470,13 @@ class TreeChooser:
         if self.horizon is not None:  # plain is over the batch: a row's rate is plain / batch
             self._projected = self.horizon * batch / plain
         predicted = [
-            Candidate(spec, shape, batch * tokens, self._step_time(costs, shape, batch))
+            Candidate(
+                spec,
+                shape,
+                batch * tokens,
+                self._step_time(costs, shape, batch),
+                self.observed(shape.depth),
+            )
             for spec, (shape, tokens) in shapes.items()
         ]
         step_tokens = {c.spec: c.tokens / batch for c in predicted}

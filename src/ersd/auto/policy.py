@@ -7,7 +7,9 @@ The rules, in the order they are applied (constants in :class:`~ersd.auto.rules.
 table in ``docs/auto-tree.md`` says what each one earns and which replay shows it):
 
 1. **best**: the candidate with the highest predicted rate -- or rather the smallest tree
-   within ``smaller_tree_within`` of it -- is drafted if it beats plain decoding;
+   within ``smaller_tree_within`` of it -- is drafted if it beats plain decoding; **trusted
+   depths**: a tree whose every depth has ``trusted_after`` observations is not given up for a
+   smaller one that is slower (the margin guards against thinly observed deep estimates);
 2. **cannot pay**: never draft (nor explore) where even every drafted token accepted would not
    beat plain decoding;
 3. **batch start**: a batch starts its draft only on a gain of ``batch_start_margin``;
@@ -29,12 +31,15 @@ from ersd.tree import TreeShape
 
 class Candidate(NamedTuple):
     """A drafting candidate's prediction: new tokens over the batch and seconds of one step
-    (in a batch, tokens restated so that tokens / seconds is the rate to the batch's end)."""
+    (in a batch, tokens restated so that tokens / seconds is the rate to the batch's end);
+    ``observed``: the fewest observations behind any of its depths' acceptance estimates
+    (0: unknown, e.g. a fixed profile)."""
 
     spec: str
     shape: TreeShape
     tokens: float
     seconds: float
+    observed: int = 0
 
     @property
     def rate(self) -> float:
@@ -69,14 +74,21 @@ class Decision:
 
 
 def smallest_near_best(
-    candidates: list[Candidate], plain: float, within: float = RULES.smaller_tree_within
+    candidates: list[Candidate],
+    plain: float,
+    within: float = RULES.smaller_tree_within,
+    trusted_after: float = RULES.trusted_after,
 ) -> Candidate | None:
     """The smallest tree whose predicted rate is within ``within`` of the best one's (and above
-    ``plain``, if the best is); None without candidates."""
+    ``plain``, if the best is), and not below any candidate whose every depth rests on
+    ``trusted_after`` observations or more (the margin is for thinly observed estimates: a
+    well-observed deep chain is not given up for a slower short one); None without
+    candidates."""
     if not candidates:
         return None
     top = max(c.rate for c in candidates)
-    floor = max((1 - within) * top, plain) if top > plain else top
+    trusted = max((c.rate for c in candidates if c.observed >= trusted_after), default=0.0)
+    floor = max((1 - within) * top, plain, trusted) if top > plain else top
     near = [c for c in candidates if c.rate >= floor]
     return min(near, key=lambda c: (c.shape.num_nodes, -c.rate))
 
@@ -86,7 +98,7 @@ def decide(
 ) -> Decision:
     """This step's tree for predicted ``candidates`` against plain decoding's rate ``plain``
     (tokens/s over the batch) in the run's ``state``."""
-    best = smallest_near_best(candidates, plain, rules.smaller_tree_within)
+    best = smallest_near_best(candidates, plain, rules.smaller_tree_within, rules.trusted_after)
     b = state.batch
     ceiling = max((b * (1 + c.shape.depth) / c.seconds for c in candidates), default=-math.inf)
     can_pay = ceiling > plain or not rules.cannot_pay

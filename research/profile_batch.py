@@ -21,7 +21,12 @@ the decode steps (mean and 95% t-interval over ``--repeats`` runs), its ms per s
 ratio of the non-forward time and whether every text is the same.  ``--compare-draft`` does the
 same for the drafter's race from its logits (:data:`ersd.drafting.model.FROM_LOGITS`: ERSD's
 children and rank statistic without the drafter's float64 softmax; the target's winners from its
-logits on both sides); ``--compare-all``: both logits paths against neither.  ``--cpu-time`` times
+logits on both sides); ``--compare-all``: both logits paths against neither; ``--compare-cuts``
+(issue 47 item 4, the per-step work outside the forwards; both logits paths on both sides): the
+block-minimum lower bounds of a new v2 race (:data:`ersd.race_v2.LOWER_BOUNDS`), the NumPy
+widening of :func:`ersd.race_v2.logit_block_max` and the engine's member test of a growing draft
+session against the code before them (exact minima, the torch cast, ``isinstance`` on the
+runtime protocol).  ``--cpu-time`` times
 everything, the forwards included, by this process's CPU time (a loaded host); ``--target
 synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
 the forwards alone, for development).  Run alone:
@@ -31,6 +36,7 @@ the forwards alone, for development).  Run alone:
     python -m research.profile_batch --batch 1,8 --tree chain:4,multi:2x3 --compare-verify
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-logits --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-draft --repeats 6
+    python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-cuts --repeats 6
 """
 
 from __future__ import annotations
@@ -43,14 +49,17 @@ import time
 import types
 from typing import Any
 
+import numpy as np
 import torch
 
 import ersd
+import ersd.batch as batch_module
 import ersd.drafting.model as drafting_model
 import ersd.models.hf
-from ersd import verify_batch
+from ersd import race_v2, verify_batch
 from ersd.batch import BatchEngine
 from ersd.bench.prompts import encode_prompt, load_prompts
+from ersd.drafting.base import GrowingSession
 from ersd.models import checks
 
 _all_finite = checks.all_finite
@@ -169,11 +178,42 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+_NEW_BLOCK_MAX = race_v2.logit_block_max
+_NEW_GROWS = batch_module.grows
+
+
+def _old_logit_block_max(logits: torch.Tensor) -> Any:
+    """:func:`ersd.race_v2.logit_block_max` before issue 47 item 4's cut (the torch cast)."""
+    v = logits.shape[0]
+    full = v - v % race_v2.V2_BLOCK
+    out = np.empty(-(-v // race_v2.V2_BLOCK))
+    if full:
+        top = logits[:full].reshape(-1, race_v2.V2_BLOCK).amax(1)
+        out[: full // race_v2.V2_BLOCK] = top.to(torch.float64).numpy()
+    if full < v:
+        out[-1] = float(logits[full:].max())
+    return out
+
+
+def _old_grows(drafter: object) -> bool:
+    return isinstance(drafter, GrowingSession)
+
+
+def _set_cuts(fast: bool) -> None:
+    """``--compare-cuts``: issue 47 item 4's cuts on (``fast``) or the code before them."""
+    race_v2.LOWER_BOUNDS = fast
+    race_v2.logit_block_max = _NEW_BLOCK_MAX if fast else _old_logit_block_max
+    batch_module.grows = _NEW_GROWS if fast else _old_grows
+
+
 def _set_logit_paths(args, fast: bool) -> None:
     """Switch what the comparison compares: the target's winners from its logits
     (``--compare-logits``) or the drafter's race from its logits (``--compare-draft``; the
     target's winners from its logits on both sides)."""
-    if args.compare_all:
+    if args.compare_cuts:
+        drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = True
+        _set_cuts(fast)
+    elif args.compare_all:
         drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = fast
     elif args.compare_draft:
         drafting_model.FROM_LOGITS = fast
@@ -203,6 +243,7 @@ def compare_logits(target, draft, prompts, args) -> None:
                         r = run(target, draft, ids, args.tokens, tree, None, scheme=args.scheme)
                     finally:
                         verify_batch.FROM_LOGITS = drafting_model.FROM_LOGITS = True
+                        _set_cuts(True)
                     name = "new" if fast else "before"
                     runs[name].append(r)
                     print(
@@ -215,7 +256,13 @@ def compare_logits(target, draft, prompts, args) -> None:
             same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
             row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
             row["compares"] = (
-                "all" if args.compare_all else "draft" if args.compare_draft else "target"
+                "cuts"
+                if args.compare_cuts
+                else "all"
+                if args.compare_all
+                else "draft"
+                if args.compare_draft
+                else "target"
             )
             row["same_tokens"] = same
             for name, rs in runs.items():
@@ -291,6 +338,9 @@ def main() -> None:
     ap.add_argument("--compare-draft", action="store_true")
     ap.add_argument("--compare-all", action="store_true", help="both logits paths against neither")
     ap.add_argument(
+        "--compare-cuts", action="store_true", help="issue 47 item 4's cuts against the code before"
+    )
+    ap.add_argument(
         "--scheme",
         default=None,
         help="the race scheme (default: v2 with --compare-logits, else v1)",
@@ -308,7 +358,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     global CLOCK
-    args.compare_logits = args.compare_logits or args.compare_draft or args.compare_all
+    args.compare_logits = (
+        args.compare_logits or args.compare_draft or args.compare_all or args.compare_cuts
+    )
     args.scheme = args.scheme or ("v2" if args.compare_logits else "v1")
     if args.cpu_time:
         CLOCK = time.process_time

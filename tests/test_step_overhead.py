@@ -48,3 +48,63 @@ def test_logit_block_max_check_rejects_a_broken_variant() -> None:
         return x.reshape(V2_BLOCK, -1).amax(0).numpy().astype(np.float64)
 
     assert not np.array_equal(transposed(row), _reference_block_max(row))
+
+
+def test_lower_block_minima_bound_the_exact_ones() -> None:
+    """The race's cheap block-minimum bounds are positive, never above the exact minima (on 400
+    races' blocks and the extreme words: U = 2^-53, U near 1, U = 1), and tight (a relative
+    2^-38), so they prune as the exact ones do."""
+    from ersd import race_v2 as rv
+
+    n = -(-151936 // V2_BLOCK)
+    words = [rv._block_words(key, stream, n) for key in range(200) for stream in (0, 1)]
+    top = np.uint64((1 << 53) - 1) << np.uint64(11)
+    edges = np.array(
+        [0, 63, 1 << 11, top, top - (np.uint64(1) << np.uint64(11)), top | np.uint64(63)]
+        + [np.uint64((1 << 53) - 1 - k) << np.uint64(11) for k in range(1, 2000, 7)],
+        dtype=np.uint64,
+    )
+    for x in [*words, edges]:
+        exact, lower = rv._minima_of_words(x), rv._minima_lower(x)
+        assert (lower > 0).all() and (lower <= exact).all()
+        big = exact > 1e-300
+        assert (lower[big] >= exact[big] * (1 - 2.0**-38)).all()
+    np.testing.assert_array_equal(
+        rv._block_words(7, 3, n), rv.v2_words(rv.v2_seed(7, 3, rv._TAG_BLOCK), np.arange(n))
+    )
+
+
+def _lazy_against_full(vocab: int, races: int) -> int:
+    """How many of ``races`` random peaked rows' lazy v2 winner, 3 best and rank of the
+    reference winner differ from the full row's (fresh races, so every bound is used)."""
+    from ersd import race_v2 as rv
+    from ersd.race import race_rank, race_ranking
+
+    g = torch.Generator().manual_seed(vocab)
+    wrong = 0
+    for key in range(races):
+        p = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * 6, -1)
+        e = torch.from_numpy(rv.v2_exponentials(key, 0, vocab))
+        ref_winner = int((e / p).numpy().argmin())
+        ref_best = race_ranking(p, e, 3)
+        q = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * 6, -1)
+        ref_rank = race_rank(q, e, ref_winner)
+        got = (
+            rv.v2_race_winner(rv.V2Race(key, 0, vocab), p.numpy()),
+            rv.v2_race_ranking(rv.V2Race(key, 0, vocab), p.numpy(), 3),
+            rv.v2_race_rank(rv.V2Race(key, 0, vocab), q.numpy(), ref_winner),
+        )
+        wrong += got != (ref_winner, ref_best, ref_rank)
+    return wrong
+
+
+def test_lazy_races_with_lower_bounds_equal_the_full_rows(monkeypatch) -> None:
+    """Winners, rankings and ranks from the lower-bounded lazy races equal the full rows'; bounds
+    4x above the minima (a broken variant) give wrong answers on the same rows."""
+    from ersd import race_v2 as rv
+
+    assert rv.LOWER_BOUNDS
+    assert _lazy_against_full(6400, 150) == 0
+    lower = rv._minima_lower
+    monkeypatch.setattr(rv, "_minima_lower", lambda x: 4.0 * lower(x))
+    assert _lazy_against_full(6400, 150) > 0

@@ -177,11 +177,66 @@ def _exp_of_words(x: np.ndarray) -> np.ndarray:
 
 def v2_block_minima(key: int, stream: int, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
     """``(M, a)``: each block's minimum exponential (float64, > 0) and its place in the block."""
-    x = v2_words(v2_seed(key, stream, _TAG_BLOCK), np.arange(n_blocks, dtype=np.uint64))
+    x = _block_words(key, stream, n_blocks)
+    return _minima_of_words(x), _places_of_words(x)
+
+
+def _minima_of_words(x: np.ndarray) -> np.ndarray:
+    """The block minima ``M`` of block words ``x``, element by element (any subset of the
+    blocks gives the same bits: every operation is elementwise and correctly rounded)."""
     m = _exp_of_words(x)
     m *= 1.0 / V2_BLOCK  # exact: a power of two
     np.maximum(m, _TINY, out=m)  # E = 0 would make 0 / 0 possible
-    return m, (x & np.uint64(V2_BLOCK - 1)).astype(np.int64)
+    return m
+
+
+def _places_of_words(x: np.ndarray) -> np.ndarray:
+    """Where each block's minimum sits in its block (int64, 0..63)."""
+    return (x & np.uint64(V2_BLOCK - 1)).astype(np.int64)
+
+
+_STEPS: dict[int, np.ndarray] = {}
+
+
+def _block_words(key: int, stream: int, n_blocks: int) -> np.ndarray:
+    """:func:`v2_words` of the race's block seed at ``0 .. n_blocks - 1``, the same bits: the
+    seed-free ``(index + 1) * golden`` is kept per block count (two of its eight passes)."""
+    steps = _STEPS.get(n_blocks)
+    if steps is None:
+        steps = (np.arange(n_blocks, dtype=np.uint64) + np.uint64(1)) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        _STEPS[n_blocks] = steps
+    x = steps + np.uint64(v2_seed(key, stream, _TAG_BLOCK))
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+#: bound the block minima from below by NumPy's ``log`` (one vectorised pass) instead of
+#: computing them exactly by :func:`unit_log` (~30 passes) for every block of a new race; the
+#: exact minima are computed for the blocks drawn only.  False: the bounds are the exact minima
+#: (the reference ``research/profile_batch.py --compare-cuts`` compares with; the same tokens).
+LOWER_BOUNDS = True
+#: the relative margin of :func:`_minima_lower`: NumPy's ``log`` and :func:`unit_log` are each
+#: within a few ulps (2^-50) of ``log``; 2^-40 leaves a thousandfold headroom
+_LOWER_MARGIN = 2.0**-40
+
+
+def _minima_lower(x: np.ndarray) -> np.ndarray:
+    """A lower bound (> 0) of every block minimum :func:`_minima_of_words` gives for words
+    ``x``, from NumPy's ``log`` shrunk by a relative ``_LOWER_MARGIN`` (tested against the
+    exact minima, and the races with it against the full rows)."""
+    u = (x >> np.uint64(11)).astype(np.float64)
+    u += 1.0
+    u *= _U53  # the same U as _exp_of_words: (0, 1]
+    lo = np.log(u)
+    lo *= -(1.0 - _LOWER_MARGIN) / V2_BLOCK  # -log U >= 0 (0 at U = 1)
+    np.maximum(lo, _TINY / 2, out=lo)  # the exact minimum is at least _TINY
+    return lo
 
 
 def v2_exponentials_at(
@@ -227,15 +282,35 @@ class V2Race:
     so the drafter's and the target's races at one context draw each block once).  The buffer
     is allocated whole but written only where blocks are drawn."""
 
-    __slots__ = ("_bounds", "_done", "_e", "key", "minima", "stream")
+    __slots__ = ("_bounds", "_done", "_e", "_minima", "_places", "_words", "key", "lower", "stream")
 
     def __init__(self, key: int, stream: int, vocab_size: int) -> None:
         n_blocks = -(-vocab_size // V2_BLOCK)
         self.key, self.stream = int(key), stream
-        self.minima = v2_block_minima(self.key, stream, n_blocks)
+        self._words = _block_words(self.key, stream, n_blocks)
+        self._places = _places_of_words(self._words)
+        self._minima: Minima | None = None
+        #: a lower bound of each block's minimum (> 0): what the block bounds are made of
+        self.lower = _minima_lower(self._words) if LOWER_BOUNDS else self.minima[0]
         self._e = np.empty(n_blocks * V2_BLOCK)
         self._done = np.zeros(n_blocks, dtype=bool)
         self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
+
+    @property
+    def minima(self) -> Minima:
+        """The exact :func:`v2_block_minima` of the race (computed on first read, kept)."""
+        if self._minima is None:
+            self._minima = (_minima_of_words(self._words), self._places)
+        return self._minima
+
+    def _minima_at(self, blocks: np.ndarray) -> Minima:
+        """The exact minima and places at ``blocks`` only (the same bits as :attr:`minima`'s),
+        as arrays over all blocks where ``v2_exponentials_at`` reads them."""
+        if self._minima is not None:
+            return self._minima
+        m = np.empty(self._words.shape[0])
+        m[blocks] = _minima_of_words(self._words[blocks])
+        return m, self._places
 
     def bounds(self, probs: torch.Tensor, p: np.ndarray) -> np.ndarray:
         """:func:`_block_bounds` of ``p`` (the float64 host view of ``probs``), kept for the
@@ -244,7 +319,7 @@ class V2Race:
         last = self._bounds
         if last is not None and last[0]() is probs and last[1] == probs._version:
             return last[2]
-        bound = _block_bounds(p, self.minima[0])
+        bound = _block_bounds(p, self.lower)
         self._bounds = (weakref.ref(probs), probs._version, bound)
         return bound
 
@@ -254,7 +329,8 @@ class V2Race:
         todo = blocks[~self._done[blocks]]
         if todo.size:
             tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
-            self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, self.minima)
+            minima = self._minima_at(todo)
+            self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, minima)
             self._done[todo] = True
         ids = _ids_of(blocks, v)
         return ids, self._e[ids]
@@ -270,7 +346,7 @@ class V2Race:
         b = token // V2_BLOCK
         if self._done[b]:
             return float(self._e[token])
-        return _v2_exponential_at(self.key, self.stream, token, self.minima)
+        return _v2_exponential_at(self.key, self.stream, token, self._minima_at(np.array([b])))
 
 
 _BLOCK_IDS = np.arange(V2_BLOCK)
@@ -291,7 +367,7 @@ def _best_blocks(
     drawn is below the next bound: every block not drawn then holds only tokens scoring above it
     (above, not equal: ties stay decidable)."""
     if bound is None:
-        bound = _block_bounds(p, race.minima[0])
+        bound = _block_bounds(p, race.lower)
     n_blocks = bound.size
     n = 4
     while True:
@@ -341,7 +417,7 @@ def v2_race_rank(race: V2Race, p: np.ndarray, token: int, bound: np.ndarray | No
     if math.isinf(s):
         return v + 1
     if bound is None:
-        bound = _block_bounds(p, race.minima[0])
+        bound = _block_bounds(p, race.lower)
     _, sc = race.scores(np.flatnonzero(bound < s), p)
     return int(np.count_nonzero(sc < s)) + 1
 
@@ -413,7 +489,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     if not math.isfinite(mx):
         return None  # NaN or +inf logits: the reference path says what is wrong
     with np.errstate(divide="ignore", under="ignore"):
-        bound = race.minima[0] / np.exp(bm - mx)
+        bound = race.lower / np.exp(bm - mx)
     x = _host_logits(logits)
     n_blocks = bound.size
     n = 4
@@ -444,7 +520,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
         return None  # the winner's reference probability might not be a normal float
     # a token whose reference probability is subnormal scores above M_min / 2^-1022, and the
     # winner's reference score is at most S best (1 + eta) with S <= v: it cannot win when
-    if float(race.minima[0].min()) / _SUBNORMAL <= 2.0 * v * best:
+    if float(race.lower.min()) / _SUBNORMAL <= 2.0 * v * best:
         return None
     return int(ids[j])
 
@@ -493,7 +569,7 @@ class LogitRow:
         if last is not None and last[0] == which:
             return last[1]
         with np.errstate(divide="ignore", under="ignore", over="ignore"):
-            b = race.minima[0] / np.exp(self.bm - self.mx)
+            b = race.lower / np.exp(self.bm - self.mx)
         self._bound = (which, b)
         return b
 
@@ -517,7 +593,7 @@ def _no_subnormal_below(race: V2Race, v: int, score: float) -> bool:
     """No token whose reference probability is subnormal (or 0) can score below ``score`` (a
     logit-space score): such a token's reference score is at least ``M_min / 2^-1022``, and a
     token scoring ``score`` here scores at most ``v score (1 + eta)`` in the reference."""
-    return float(race.minima[0].min()) / _SUBNORMAL > 2.0 * v * score
+    return float(race.lower.min()) / _SUBNORMAL > 2.0 * v * score
 
 
 def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | None:

@@ -43,31 +43,41 @@ def main() -> None:
     ap.add_argument(
         "--draft", default=None, help="ersd-auto's draft GGUF/name (default: the target's own file)"
     )
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=1024,
+        help="context window of every model (0: the library's default, as `ersd generate` and "
+        "`ersd models calibrate` load them: then ersd-config reads their stored curves)",
+    )
     args = ap.parse_args()
     path = str(resolve_gguf(args.model))
     lib = llama_lib()
-    llm = lib.Llama(
-        path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
-    )
+    ctx = args.context or None
     configs = args.configs.split(",")
     caches = sorted({c.split(":")[1] for c in configs if ":" in c})
     exacts = {
         kv: ersd.load_model(
-            path, backend="llamacpp", threads=args.threads, context=1024, kv_cache=kv or None
+            path, backend="llamacpp", threads=args.threads, context=ctx, kv_cache=kv or None
         )
         for kv in ["", *caches]
     }
     exact = exacts[""]
-    fast = ersd.load_model(
-        path, backend="llamacpp", threads=args.threads, context=1024, exact=False
+    llm = lib.Llama(
+        path,
+        n_ctx=exact.max_length,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        verbose=False,
     )
+    fast = ersd.load_model(path, backend="llamacpp", threads=args.threads, context=ctx, exact=False)
     dmodel = fast
     if args.draft is not None:
         dmodel = ersd.load_model(
             str(resolve_gguf(args.draft)),
             backend="llamacpp",
             threads=args.threads,
-            context=1024,
+            context=ctx,
             exact=False,
         )
     # what `ersd generate --backend llamacpp --config auto` would run here (the stored curves of

@@ -108,3 +108,30 @@ def test_lazy_races_with_lower_bounds_equal_the_full_rows(monkeypatch) -> None:
     lower = rv._minima_lower
     monkeypatch.setattr(rv, "_minima_lower", lambda x: 4.0 * lower(x))
     assert _lazy_against_full(6400, 150) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_check_logits_decides_masked_rows_by_their_maxima(dtype: torch.dtype) -> None:
+    """``check_logits`` accepts rows with masked (-inf) tokens and finite rows whose sum
+    overflows, and still refuses a NaN, a +inf and a row of only -inf among masked rows, with
+    its messages; a check of the whole tensor's maximum (a broken variant) accepts the last."""
+    from ersd.errors import InvalidLogitsError
+    from ersd.probs import check_logits
+
+    base = torch.randn(6, 640, generator=torch.Generator().manual_seed(1)).to(dtype)
+    masked = base.clone()
+    masked[:, ::3] = float("-inf")
+    check_logits(masked, 640)
+    huge = torch.full((2, 640), torch.finfo(dtype).max, dtype=dtype)
+    check_logits(huge, 640)  # every entry finite, the sum overflows
+    cases = {"NaN": float("nan"), r"\+inf": float("inf")}
+    for word, value in cases.items():
+        bad = masked.clone()
+        bad[4, 7] = value
+        with pytest.raises(InvalidLogitsError, match=word):
+            check_logits(bad, 640)
+    dead = masked.clone()
+    dead[2] = float("-inf")
+    with pytest.raises(InvalidLogitsError, match="all -inf"):
+        check_logits(dead, 640)
+    assert bool(torch.isfinite(dead.amax()))  # what a whole-tensor maximum would have accepted

@@ -46,8 +46,12 @@ def check_logits(logits: torch.Tensor, vocab_size: int | None = None, who: str =
             f"{who} returned logits with {logits.shape[-1]} columns but its vocab_size is "
             f"{vocab_size}; the model function must return one logit per vocabulary entry"
         )
-    if bool(torch.isfinite(logits.sum())) or bool(torch.isfinite(logits).all()):
+    if bool(torch.isfinite(logits.sum())):
         return  # the common case: one reduction (a finite sum proves every entry finite)
+    # a masked token (-inf) or a sum that overflowed: one more pass, the rows' maxima, decides
+    # (a row's maximum is finite exactly when it has no NaN, no +inf and a finite entry)
+    if bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        return
     if torch.isnan(logits).any():
         raise InvalidLogitsError(
             f"{who} returned NaN logits; check the model's dtype (try float32) and its inputs"

@@ -16,6 +16,10 @@ Systems (``--systems``; the order rotates per prompt over all of them):
   measured costs and the acceptance it learns; the curves are measured in the warm-up);
 * ``ersd-dynamic``: ``ersd.generate`` with ``tree="dynamic:K"`` (grown from the draft's races;
   at T = 0 it is the greedy chain of K, i.e. ``ersd``);
+* ``ersd-stop``: ``ersd.generate`` with ``tree="chain:K"`` and the draft's confidence stop
+  (``ModelDrafter(draft, stop=--stop)``, default 0.4: a drafted token whose draft probability is
+  below it ends the chain, kept, as assisted generation's ``assistant_confidence_threshold``;
+  the like-for-like counterpart of ``assisted``);
 * ``assisted``: assisted generation, ``num_assistant_tokens = K`` (constant schedule) on the
   draft's generation config, its confidence stop at transformers' default (0.4);
 * ``assisted0``: the same with ``assistant_confidence_threshold = 0`` (no confidence stop: at
@@ -44,6 +48,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import ersd
+from ersd.drafting import ModelDrafter
 from ersd.integrations.transformers import wrap_module
 from ersd.models.bundled.cache import prepare
 
@@ -71,6 +76,7 @@ SYSTEMS = [
     "ersd",
     "ersd-auto",
     "ersd-dynamic",
+    "ersd-stop",
     "assisted",
     "assisted0",
     "assisted-default",
@@ -103,6 +109,7 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     ap.add_argument("--warmup-tokens", type=int, default=16)
     ap.add_argument("--pair", choices=sorted(PAIRS), default="qwen")
+    ap.add_argument("--stop", type=float, default=0.4, help="ersd-stop's draft confidence stop")
     args = ap.parse_args()
     transformers.logging.set_verbosity_error()
     tname, dname, layers = PAIRS[args.pair]
@@ -139,8 +146,15 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "tokens": N,
         "tree": tree,
+        "stop": args.stop,
     }
-    ersd_trees = {"ersd": tree, "ersd-auto": "auto", "ersd-dynamic": f"dynamic:{K}"}
+    ersd_trees = {
+        "ersd": tree,
+        "ersd-auto": "auto",
+        "ersd-dynamic": f"dynamic:{K}",
+        "ersd-stop": tree,
+    }
+    drafters = {"ersd-stop": ModelDrafter(dw, stop=args.stop)}
 
     def run(
         what: str, enc: Any, ids: list[int], samp: dict[str, Any], T: float, seed: int, n_new: int
@@ -160,7 +174,7 @@ def main() -> None:
             if what in ersd_trees:
                 res = ersd.generate(
                     tw,
-                    dw,
+                    drafters.get(what, dw),
                     ids,
                     tree=ersd_trees[what],
                     seed=seed,

@@ -11,6 +11,8 @@ A drafted token whose draft probability is below the stop keeps no children (tra
   last has probability >= the stop, the last is below it or at the depth limit; a deliberately
   broken stop that drops the low-confidence token instead of keeping it is rejected by the same
   check;
+* at T = 0 it makes exactly the target forwards of transformers' assisted generation with
+  ``num_assistant_tokens = 6`` and ``assistant_confidence_threshold = 0.4`` (what it copies);
 * through ``model.generate(custom_generate=...)``, ``draft_stop=`` gives the same tokens;
 * bad values, ``tree="auto"`` / ``dynamic:K`` with a stop, and a stop on a model-free drafter
   are one-line errors naming the fix.
@@ -317,3 +319,66 @@ def test_custom_generate_refuses_a_bad_draft_stop(smol: dict[str, Any]) -> None:
                 do_sample=False,
             )
         assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+# --- against transformers' own confidence stop ----------------------------------------------
+
+
+def _count_forwards(module: Any) -> tuple[list[int], Any]:
+    """(calls, tokens fed) of ``module``'s forwards from now on, and the hook's handle."""
+    seen = [0, 0]
+
+    def hook(mod: Any, args: Any, kwargs: Any) -> None:
+        ids = kwargs.get("input_ids")
+        seen[0] += 1
+        seen[1] += int((ids if ids is not None else args[0]).shape[-1])
+
+    return seen, module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.realmodel
+def test_at_t0_the_stop_makes_assisted_generations_target_forwards(smol: dict[str, Any]) -> None:
+    """At T = 0 ERSD's ``chain:6`` with stop 0.4 verifies the chains transformers' assisted
+    generation verifies (6 tokens, constant schedule, its ``assistant_confidence_threshold``
+    0.4): the same target forwards with the same numbers of tokens fed, and the same tokens.
+    Without the stop more tokens are fed."""
+    model, draft = smol["model"], smol["draft"]
+    ids = torch.tensor([smol["prompt"]])
+    gc = draft.generation_config
+    saved = (
+        gc.num_assistant_tokens,
+        gc.num_assistant_tokens_schedule,
+        gc.assistant_confidence_threshold,
+    )
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = K, "constant"
+    gc.assistant_confidence_threshold = 0.4
+    seen, handle = _count_forwards(model)
+    try:
+        # first, so that the adapter's one-off forwards (its mask probe) are not counted below
+        _ersd(smol, ModelDrafter(smol["dmodel"]), 0.0, 0)
+        seen[:] = [0, 0]
+        _ersd(smol, ModelDrafter(smol["dmodel"]), 0.0, 0)
+        unstopped = list(seen)
+        seen[:] = [0, 0]
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                assistant_model=draft,
+                do_sample=False,
+                max_new_tokens=N,
+            )
+        theirs = list(seen)
+        seen[:] = [0, 0]
+        res = _ersd(smol, ModelDrafter(smol["dmodel"], stop=0.4), 0.0, 0)
+        ours = list(seen)
+    finally:
+        handle.remove()
+        (
+            gc.num_assistant_tokens,
+            gc.num_assistant_tokens_schedule,
+            gc.assistant_confidence_threshold,
+        ) = saved
+    assert out[0, ids.shape[1] :].tolist() == res.tokens
+    assert ours == theirs, (ours, theirs)
+    assert unstopped[1] > ours[1]

@@ -135,3 +135,59 @@ def test_check_logits_decides_masked_rows_by_their_maxima(dtype: torch.dtype) ->
     with pytest.raises(InvalidLogitsError, match="all -inf"):
         check_logits(dead, 640)
     assert bool(torch.isfinite(dead.amax()))  # what a whole-tensor maximum would have accepted
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_greedy_one_hot_is_the_float64_rows_first_argmax(dtype: torch.dtype) -> None:
+    """Temperature 0 gives the one-hot of the first argmax of the float64 row (ties: the lowest
+    id; masked tokens; 1-D and batched rows), without widening the row first; the last argmax
+    (a broken variant) fails the same comparison on the tied rows."""
+    from ersd.probs import SamplingParams, logits_to_probs
+
+    g = torch.Generator().manual_seed(3)
+    rows = (torch.randn(5, 1000, generator=g) * 4).to(dtype)
+    rows[1, [10, 500, 999]] = 50.0  # a three-way tie
+    rows[2, :300] = float("-inf")
+    rows[3] = 0.0  # every token tied
+    rows[4, [20, 700]] = float("nan")  # torch's argmax counts NaN as the largest: the first
+    greedy = SamplingParams(temperature=0.0)
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float64)
+        out = torch.zeros_like(x)
+        return out.scatter_(-1, torch.argmax(x, dim=-1, keepdim=True), 1.0)
+
+    def last_argmax(x: torch.Tensor) -> torch.Tensor:
+        flipped = torch.argmax(x.to(torch.float64).flip(-1), dim=-1, keepdim=True)
+        return torch.zeros(x.shape, dtype=torch.float64).scatter_(-1, x.shape[-1] - 1 - flipped, 1)
+
+    got = logits_to_probs(rows, greedy)
+    assert got.dtype == torch.float64 and torch.equal(got, reference(rows))
+    for row in rows:
+        assert torch.equal(logits_to_probs(row, greedy), reference(row))
+    assert not torch.equal(last_argmax(rows), reference(rows))
+
+
+def test_first_argmax_is_torchs_and_the_greedy_rule_uses_it() -> None:
+    """``first_argmax`` gives torch's argmax (first maximum, NaN largest) on float32 / float64 /
+    bfloat16 rows, 1-D and batched, strided; GreedyRule's node and bonus pick it."""
+    from ersd.methods.base import GREEDY
+    from ersd.probs import first_argmax
+
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(4, 3000, generator=g)
+    base[1, [3, 2000]] = 9.0
+    base[2, [100, 50]] = float("nan")
+    base[3] = float("-inf")
+    base[3, 2999] = -1.0
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = base.to(dtype)
+        assert torch.equal(first_argmax(x), torch.argmax(x, dim=-1))
+        assert torch.equal(first_argmax(x[:, ::2]), torch.argmax(x[:, ::2], dim=-1))
+        for row in x:
+            assert int(first_argmax(row)) == int(torch.argmax(row))
+    assert [int(i) for i in first_argmax(base)] == [int(base[0].argmax()), 3, 50, 2999]
+    p = torch.zeros(3000, dtype=torch.float64)
+    p[1234] = 1.0
+    assert GREEDY.bonus(p, None) == 1234  # type: ignore[arg-type]
+    assert GREEDY.verify_node(p, p, [7, 1234], None).child == 1  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ import torch
 
 from ersd.errors import UnsupportedTreeError
 from ersd.methods.catalog import MethodInfo
-from ersd.probs import SamplingParams, logits_to_probs
+from ersd.probs import SamplingParams, first_argmax, logits_to_probs
 from ersd.race import STREAM_RACE, RaceNoise, extend_key
 from ersd.race_v2 import LogitRow
 from ersd.tree import TreeShape
@@ -344,14 +344,14 @@ class GreedyRule(Method):
         children: Sequence[int],
         noise: NodeNoise,
     ) -> NodeDecision:
-        y = int(torch.argmax(target_probs).item())
+        y = int(first_argmax(target_probs.reshape(-1)))
         for j, c in enumerate(children):
             if c == y:
                 return NodeDecision(j, y)
         return NodeDecision(None, y)
 
     def bonus(self, target_probs: torch.Tensor, noise: NodeNoise) -> int:
-        return int(torch.argmax(target_probs).item())
+        return int(first_argmax(target_probs.reshape(-1)))
 
 
 GREEDY = GreedyRule()

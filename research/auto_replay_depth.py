@@ -196,6 +196,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--live", action="store_true", help="only the live cell's prompts, traced")
     ap.add_argument("--tokens", type=int, nargs="+", default=[96, 128])
+    ap.add_argument(
+        "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="V"
+    )
     args = ap.parse_args()
     rr = harness()
     data = json.loads(rr.DATA.read_text())
@@ -212,6 +215,8 @@ def main() -> None:
                     print(f"    {i:2d} {tree:9s} {why:22s} {probs}")
                 print()
         return
+    for v in [v for v in VARIANTS if v not in args.variants and v != "before"]:
+        del VARIANTS[v]
     grid(rr, data, args.tokens)
 
 

@@ -136,6 +136,10 @@ def test_trusted_depths_keep_the_margin_where_the_deep_estimate_is_thin() -> Non
     assert decide(thin, 10.0, LONG).spec == "chain:2"
     faster_small = [chain(2, 2.06, 0.1, observed=n), chain(4, 3.0, 0.146, observed=n)]
     assert decide(faster_small, 10.0, LONG).spec == "chain:2"  # 20.6 > 20.5 tokens/s
+    trusted = [chain(2, 2.0, 0.1, observed=n), chain(4, 3.0, 0.146, observed=n)]
+    assert decide(trusted, 10.0, LONG).spec == "chain:4"
+    batch = replace(LONG, batch=8, ever_drafted=True)  # pooled rows: the margin holds
+    assert decide(trusted, 10.0, batch).spec == "chain:2"
     costs = CostModel(sizes=[1, 2, 4, 8], target=[0.1] * 4, draft=[0.01] * 4)
     c = TreeChooser(AutoTree(costs=costs), None, None, get_method("ersd"), None, 0.0)
     for _ in range(3):

@@ -8,8 +8,9 @@ table in ``docs/auto-tree.md`` says what each one earns and which replay shows i
 
 1. **best**: the candidate with the highest predicted rate -- or rather the smallest tree
    within ``smaller_tree_within`` of it -- is drafted if it beats plain decoding; **trusted
-   depths**: a tree whose every depth has ``trusted_after`` observations is not given up for a
-   smaller one that is slower (the margin guards against thinly observed deep estimates);
+   depths**: at batch 1, a tree whose every depth has ``trusted_after`` observations is not
+   given up for a smaller one that is slower (the margin guards against thinly observed deep
+   estimates);
 2. **cannot pay**: never draft (nor explore) where even every drafted token accepted would not
    beat plain decoding;
 3. **batch start**: a batch starts its draft only on a gain of ``batch_start_margin``;
@@ -98,8 +99,12 @@ def decide(
 ) -> Decision:
     """This step's tree for predicted ``candidates`` against plain decoding's rate ``plain``
     (tokens/s over the batch) in the run's ``state``."""
-    best = smallest_near_best(candidates, plain, rules.smaller_tree_within, rules.trusted_after)
     b = state.batch
+    # trusted depths at batch 1 only: a batch's depths pool its rows' observations, while what
+    # its finish time hangs on -- each row's own acceptance -- stays thin (replayed: at batch 8
+    # the exemption lost 2-4%, docs/results/auto-rules-2026-12-06)
+    trusted_after = rules.trusted_after if b == 1 else math.inf
+    best = smallest_near_best(candidates, plain, rules.smaller_tree_within, trusted_after)
     ceiling = max((b * (1 + c.shape.depth) / c.seconds for c in candidates), default=-math.inf)
     can_pay = ceiling > plain or not rules.cannot_pay
 

@@ -42,7 +42,8 @@ class Rules:
     # --- the decision (decide.decide) ----------------------------------------------------------
     #: the smallest tree whose predicted rate is within this share of the best one's is drafted
     smaller_tree_within: float = 0.03
-    #: ... except below a tree whose every depth rests on this many observations (inf: off)
+    #: ... except below a tree whose every depth rests on this many observations, at batch 1
+    #: (inf: off)
     trusted_after: float = 8
     #: never draft where even full acceptance would not beat plain decoding (the ceiling)
     cannot_pay: bool = True

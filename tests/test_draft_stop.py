@@ -382,3 +382,29 @@ def test_at_t0_the_stop_makes_assisted_generations_target_forwards(smol: dict[st
     assert out[0, ids.shape[1] :].tolist() == res.tokens
     assert ours == theirs, (ours, theirs)
     assert unstopped[1] > ours[1]
+
+
+@pytest.mark.realmodel
+def test_a_batch_with_the_stop_equals_its_solo_calls(smol: dict[str, Any]) -> None:
+    """The batched engine grows each row's tree through the same generator, stop included."""
+    prompts = [smol["prompt"], smol["prompt"][:-2]]
+    drafted = {}
+    for stop in (None, 0.4):
+        batch = ersd.generate_batch(
+            smol["target"],
+            ModelDrafter(smol["dmodel"], stop=stop),
+            prompts,
+            max_new_tokens=N,
+            seeds=[0, 1],
+            tree=f"chain:{K}",
+            temperature=1.0,
+            eos_token_id=smol["eos"],
+        )
+        drafted[stop] = sum(res.num_draft_tokens for res in batch)
+        for prompt, seed, res in zip(prompts, [0, 1], batch, strict=True):
+            alone = ersd.generate(
+                smol["target"], None, prompt, max_new_tokens=N, seed=seed, eos_token_id=smol["eos"]
+            )
+            assert res.tokens == alone.tokens
+    assert res.tree is not None and res.tree.endswith("+stop=0.4")
+    assert drafted[0.4] < drafted[None], drafted  # the stop cut chains in the batch too

@@ -408,3 +408,15 @@ def test_a_batch_with_the_stop_equals_its_solo_calls(smol: dict[str, Any]) -> No
             assert res.tokens == alone.tokens
     assert res.tree is not None and res.tree.endswith("+stop=0.4")
     assert drafted[0.4] < drafted[None], drafted  # the stop cut chains in the batch too
+
+
+@pytest.mark.realmodel
+def test_a_hybrid_drafters_model_part_takes_the_stop(smol: dict[str, Any]) -> None:
+    from ersd.drafting import HybridDrafter
+
+    hybrid = HybridDrafter(LookupDrafter(), ModelDrafter(smol["dmodel"], stop=0.4))
+    res = _ersd(smol, hybrid, 1.0, 0)
+    assert res.tokens == _target_only(smol, 1.0, 0)
+    assert res.tree is not None and res.tree.endswith("+stop=0.4")
+    with pytest.raises(GenerationInputError, match="chooses its own depth"):
+        _ersd(smol, hybrid, 1.0, 0, tree="auto")

@@ -455,7 +455,7 @@ def generate(
     if draft_model is not None:
         _check_draft_tokenizer(model, draft_model, stop_tokenizer)
     if stop_strings and tokenizer is None:
-        tokenizer = _hf_tokenizer(getattr(draft, "model", draft)) or _folder_tokenizer(model)
+        tokenizer = _hf_tokenizer(draft_model) or _folder_tokenizer(model)
     eos = gc.eos_token_id
     criteria = _stop_criteria(stopping_criteria or [], stop_strings, tokenizer, gc.max_length, eos)
     common: dict[str, Any] = {

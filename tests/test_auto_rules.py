@@ -20,7 +20,7 @@ from ersd.auto import (
     TreeChooser,
     decide,
 )
-from ersd.costs import CostModel
+from ersd.costs import DEFAULT_SIZES, CostModel
 from ersd.methods import get_method
 from ersd.tree import AutoTree, TreeShape
 
@@ -145,6 +145,40 @@ def test_trusted_depths_keep_the_margin_where_the_deep_estimate_is_thin() -> Non
     for _ in range(3):
         c.observe([], 2, 4)  # 4 drafted, 2 accepted: depths 1-3 observed, depth 4 not
     assert [c.observed(d) for d in (1, 3, 4)] == [3, 3, 0]
+
+
+def test_trusted_depths_take_a_chooser_on_fully_agreeing_text_to_its_deepest_chain() -> None:
+    """Every draft accepted, chain:8 predicted ~2% above chain:7: the 3% margin alone keeps the
+    chooser on chain:7 for good (depth 8 is observed only below a full chain:7, once a step);
+    with trusted depths it moves to chain:8 once depth 8 has ``trusted_after`` observations."""
+    sizes = list(DEFAULT_SIZES)
+    costs = CostModel(
+        sizes=sizes,
+        target=[0.14 + 0.02 * (n - 1) for n in sizes],
+        draft=[0.03] * len(sizes),
+        overhead=0.0,
+        overhead_plain=0.0,
+    )
+
+    def depths(rules: Any) -> list[tuple[int, int]]:
+        m = get_method("ersd")
+        ch = TreeChooser(AutoTree(costs=costs), None, None, m, None, 0.0, rules=rules)
+        out = []
+        for i in range(20):
+            shape = ch.choose(list(range(50 + 9 * i)), 1)
+            k = shape.depth if shape is not None else 0
+            ch.observe([], k, k)  # all k drafts accepted
+            if k:
+                ch.observe_beyond(k + 1, 1)  # and the bonus below them agreed too
+            out.append((k, ch.observed(8)))
+        return out
+
+    on = depths(RULES)
+    off = depths(replace(RULES, trusted_after=float("inf")))
+    assert [k for k, _ in off[-8:]] == [7] * 8
+    first8 = next(i for i, (k, _) in enumerate(on) if k == 8)
+    assert on[first8 - 1][1] >= RULES.trusted_after > on[first8 - 2][1]
+    assert all(k == 8 for k, _ in on[first8:])
 
 
 def test_the_batch_start_margin_holds_back_only_a_batch_whose_draft_has_not_started() -> None:

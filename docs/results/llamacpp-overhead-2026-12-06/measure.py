@@ -58,7 +58,7 @@ def main() -> None:
     caches = sorted({c.split(":")[1] for c in configs if ":" in c})
     exacts = {
         kv: ersd.load_model(
-            path, backend="llamacpp", threads=args.threads, context=ctx, kv_cache=kv or None
+            args.model, backend="llamacpp", threads=args.threads, context=ctx, kv_cache=kv or None
         )
         for kv in ["", *caches]
     }
@@ -70,11 +70,14 @@ def main() -> None:
         n_threads_batch=args.threads,
         verbose=False,
     )
-    fast = ersd.load_model(path, backend="llamacpp", threads=args.threads, context=ctx, exact=False)
+    # loaded by name, as the CLI loads them: the cost store's keys hold the name
+    fast = ersd.load_model(
+        args.model, backend="llamacpp", threads=args.threads, context=ctx, exact=False
+    )
     dmodel = fast
     if args.draft is not None:
         dmodel = ersd.load_model(
-            str(resolve_gguf(args.draft)),
+            args.draft,
             backend="llamacpp",
             threads=args.threads,
             context=ctx,

@@ -71,7 +71,7 @@ def choose_llamacpp_policy(pair: Any, temperature: float, log: Any) -> tuple[Any
     if choice.candidate.batch_policy == "fast":
         t0 = time.perf_counter()
         target = ersd.load_model(
-            str(pair.target.path), backend="llamacpp", threads=pair.target.threads, exact=False
+            pair.args.target, backend="llamacpp", threads=pair.target.threads, exact=False
         )
         pair = replace(
             pair,

@@ -231,7 +231,7 @@ def calibrate_cmd(
             import ersd
 
             fast = ersd.load_model(
-                str(pair.target.path),
+                models.target,  # the same name: the cost store's key holds it
                 backend="llamacpp",
                 threads=pair.target.threads,
                 exact=False,

@@ -82,6 +82,12 @@ def v2_seed(key: int, stream: int, tag: int) -> int:
 def v2_words(seed: int, index: np.ndarray) -> np.ndarray:
     """splitmix64's outputs number ``index + 1`` from state ``seed`` (uint64 array)."""
     x = (index.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    return _finish_words(x, seed)
+
+
+def _finish_words(x: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64's output from ``(index + 1) * golden`` (``x``, modified in place) and state
+    ``seed``: the seed added, then the three xor-shift / multiply rounds."""
     x += np.uint64(seed)
     x ^= x >> np.uint64(30)
     x *= np.uint64(0xBF58476D1CE4E5B9)
@@ -207,13 +213,7 @@ def _block_words(key: int, stream: int, n_blocks: int) -> np.ndarray:
             0x9E3779B97F4A7C15
         )
         _STEPS[n_blocks] = steps
-    x = steps + np.uint64(v2_seed(key, stream, _TAG_BLOCK))
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
+    return _finish_words(steps.copy(), v2_seed(key, stream, _TAG_BLOCK))
 
 
 #: bound the block minima from below by NumPy's ``log`` (one vectorised pass) instead of

@@ -200,19 +200,16 @@ def load_pair(args: ModelArgs) -> LoadedPair:
     t0 = time.perf_counter()
     if args.backend == "llamacpp":
 
-        def load_target(name: str) -> Any:
+        def load_gguf(name: str, exact: bool) -> Any:
             return ersd.load_model(
-                name,
-                backend="llamacpp",
-                threads=args.threads,
-                exact=args.batch_policy == "exact",
-                progress=True,
+                name, backend="llamacpp", threads=args.threads, exact=exact, progress=True
             )
 
+        def load_target(name: str) -> Any:
+            return load_gguf(name, args.batch_policy == "exact")
+
         def load_draft_model(name: str) -> Any:  # its rows never reach the text: llama.cpp's speed
-            return ersd.load_model(
-                name, backend="llamacpp", threads=args.threads, exact=False, progress=True
-            )
+            return load_gguf(name, False)
     else:
         overrides: dict[str, Any] = (
             {"num_hidden_layers": args.draft_layers} if args.draft_layers is not None else {}

@@ -112,6 +112,26 @@ def test_lazy_race_equals_the_whole_row(vocab: int) -> None:
     assert checked == len(_rows(vocab, rng)) * n_keys * 2
 
 
+@pytest.mark.parametrize("exact_minima_first", [False, True])
+def test_drawn_blocks_have_the_whole_rows_bits(exact_minima_first: bool) -> None:
+    """Blocks drawn a few at a time (their minima from the same log pass as their tokens, or
+    from the race's exact minima when those were read first) hold exactly the whole row's E."""
+    from ersd.race_v2 import V2Race
+
+    vocab = 4099  # a padded last block
+    rng = np.random.default_rng(7)
+    for key in (0, 3, 2**62 + 11):
+        full = v2_exponentials(key, 5, vocab)
+        race = V2Race(key, 5, vocab)
+        if exact_minima_first:
+            _ = race.minima
+        n_blocks = -(-vocab // 64)
+        for _ in range(6):
+            blocks = np.sort(rng.choice(n_blocks, size=int(rng.integers(1, 9)), replace=False))
+            ids, e = race.block_exponentials(blocks, vocab)
+            assert np.array_equal(e.view(np.uint64), full[ids].view(np.uint64))
+
+
 def test_lazy_race_ties_resolve_to_the_lowest_id() -> None:
     """Exact ties (two blocks' minimum tokens weighted by their own noise: both score 1.0) go to
     the lowest id, as argmin's first minimum on the whole row does, in the lazy race too."""

@@ -282,12 +282,24 @@ class V2Race:
     so the drafter's and the target's races at one context draw each block once).  The buffer
     is allocated whole but written only where blocks are drawn."""
 
-    __slots__ = ("_bounds", "_done", "_e", "_minima", "_places", "_words", "key", "lower", "stream")
+    __slots__ = (
+        "_bounds",
+        "_done",
+        "_e",
+        "_minima",
+        "_places",
+        "_token_seed",
+        "_words",
+        "key",
+        "lower",
+        "stream",
+    )
 
     def __init__(self, key: int, stream: int, vocab_size: int) -> None:
         n_blocks = -(-vocab_size // V2_BLOCK)
         self.key, self.stream = int(key), stream
         self._words = _block_words(self.key, stream, n_blocks)
+        self._token_seed = v2_seed(self.key, stream, _TAG_TOKEN)
         self._places = _places_of_words(self._words)
         self._minima: Minima | None = None
         #: a lower bound of each block's minimum (> 0): what the block bounds are made of
@@ -329,8 +341,19 @@ class V2Race:
         todo = blocks[~self._done[blocks]]
         if todo.size:
             tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
-            minima = self._minima_at(todo)
-            self._e[tid] = v2_exponentials_at(self.key, self.stream, tid, minima)
+            words = v2_words(self._token_seed, tid)
+            if self._minima is None:  # the blocks' exact minima from the same log pass
+                e = _exp_of_words(np.concatenate([words, self._words[todo]]))
+                e, mb = e[: tid.size], e[tid.size :]
+                mb *= 1.0 / V2_BLOCK  # exactly _minima_of_words' operations, element by element
+                np.maximum(mb, _TINY, out=mb)
+            else:
+                e, mb = _exp_of_words(words), self._minima[0][todo]
+            # v2_exponentials_at's bits: E = -log U + M_b, and M_b itself at the block's place
+            e = e.reshape(-1, V2_BLOCK)
+            e += mb[:, None]
+            e[np.arange(todo.size), self._places[todo]] = mb
+            self._e[tid] = e.ravel()
             self._done[todo] = True
         ids = _ids_of(blocks, v)
         return ids, self._e[ids]
@@ -627,7 +650,11 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
         if beyond > limit * (1.0 + LOGIT_GAP):
             break
         n *= 4
-    order = np.argsort(sc, kind="stable")[: m + 1]  # ids ascending: ties keep the lowest id first
+    if sc.size > m + 1:  # the m + 1 best, then in argsort(kind="stable")'s order among them
+        part = np.argpartition(sc, m)[: m + 1]
+        order = part[np.lexsort((part, sc[part]))]  # by score, ties by id: a stable sort's order
+    else:
+        order = np.argsort(sc, kind="stable")[: m + 1]  # ids ascending: ties keep the lowest first
     top = sc[order]
     for i in range(min(m, top.size - 1)):
         if not top[i + 1] > top[i] * (1.0 + LOGIT_GAP):

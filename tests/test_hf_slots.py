@@ -21,7 +21,7 @@ import ersd
 from ersd.batch import BatchEngine
 from ersd.models.batch import score_many
 from ersd.models.hf import HFModel
-from ersd.models.hf_slots import slot_store
+from ersd.models.hf_slots import KEEP_BYTES, slot_store
 from tests.backend_contract import BackendCase, Driver, random_parents, random_path
 from tests.hf_tiny import tiny_pair
 
@@ -92,7 +92,27 @@ def test_rows_equal_per_path_forwards_through_joins_leaves_and_compaction(pair) 
     assert store.moved > moved_before, "the subset calls should have moved rows between slots"
     del drivers, part, drv  # the last references to the sessions
     gc.collect()
-    assert store.kv is None and store.used == 0, "the storage goes with its last session"
+    assert store.used == 0 and not store.owners, "the last session gave its slot back"
+    kept = store.kv
+    assert kept is not None and kept.nbytes <= KEEP_BYTES, "a small storage is kept"
+    assert kept.shape[2] >= 4 and kept.shape[4] > 14
+    kept[:, :, :, :, -1] = float("nan")  # what a broken row before could have left behind
+    again = [new_driver() for _ in range(2)]
+    for d in again:
+        d.session.score([], [])
+    store.arrange([d.session for d in again], 8)
+    assert store.kv is kept, "the next batch reuses the kept storage"
+    assert int(torch.count_nonzero(kept[:, :, 2:])) == 0 and not bool(kept.isnan().any()), (
+        "reused storage is zeroed: no value of an earlier batch survives"
+    )
+    calls = [([d.token(rng)], [-1]) for d in again]
+    outs = score_many(target, [d.session for d in again], calls)
+    for d, call, rows in zip(again, calls, outs, strict=True):
+        d.check_scored(*call, rows)
+    del again, d
+    gc.collect()
+    store.trim()
+    assert store.kv is None, "trim() frees the kept storage"
 
 
 def test_slotted_session_alone_equals_dynamic_cache_twin(pair) -> None:
@@ -135,6 +155,23 @@ def test_finished_rows_free_their_slots(pair) -> None:
         assert live_slots(draft) <= len(engine.active)
         if steps >= 2:
             assert live_slots(target) == len(engine.active)
+    for model in (target, draft):
+        store = slot_store(model)
+        assert store is not None and store.used == 0
+        assert store.kv is not None and store.kv.nbytes <= KEEP_BYTES  # kept for the next batch
+
+
+def test_large_storage_is_released_with_its_last_session(pair, monkeypatch) -> None:
+    """A storage above KEEP_BYTES is not kept once its last row leaves."""
+    import ersd.models.hf_slots as hf_slots
+
+    target, draft = pair
+    monkeypatch.setattr(hf_slots, "KEEP_BYTES", 0)
+    engine = BatchEngine(target, draft)
+    for i in range(2):
+        engine.add([5 + i, 17, 42], seed=i, max_new_tokens=4, method="ersd", tree="chain:2")
+    while engine.active:
+        engine.step()
     assert slot_store(target).kv is None and slot_store(draft).kv is None  # type: ignore[union-attr]
 
 
@@ -200,6 +237,8 @@ def test_engine_rows_size_their_storage_once(pair) -> None:
 
     def run(hint: bool) -> list[list[int]]:
         grows.clear()
+        for model in (target, draft):
+            slot_store(model).trim()  # type: ignore[union-attr]  # no storage kept from before
         engine = BatchEngine(target, draft)
         for i, p in enumerate(prompts):
             rid = engine.add(p, seed=i, max_new_tokens=60, tree="chain:3", temperature=1.0)

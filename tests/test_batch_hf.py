@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 import ersd
 from ersd.batch import BatchEngine
@@ -93,3 +94,40 @@ def test_smollm2_batch_invariance_float32() -> None:
         for prompt, seed, res in zip(prompts, [1, 2, 3], results, strict=True):
             solo = ersd.generate(target, draft, prompt, seed=seed, max_new_tokens=24, **kw)
             assert res.tokens == solo.tokens, f"{method}: batched row differs for {prompt[:4]}"
+
+
+def test_rootless_rows_are_the_full_rows_without_the_root(pair) -> None:
+    """``root=False`` (a drafter's levels after its first) returns the new nodes' rows exactly as
+    the full result holds them below its root, on the batched path and alone; a result with a
+    fed tail keeps its root; ``NodeRows`` refuses the row it does not hold."""
+    from ersd.models.batch import NodeRows, score_many
+
+    target, _ = pair
+    prompts = [[5, 17, 42, 8], [9, 3, 3, 1, 7, 2]]
+    full = [target.start(p) for p in prompts]
+    bare = [target.start(p) for p in prompts]
+    for group in (full, bare):
+        score_many(target, group, [([], [])] * 2)  # prefills: root known
+    for calls in ([([4, 6], [-1, 0])] * 2, [([7], [-1]), ([1, 2, 3], [-1, 0, 1])]):
+        want = score_many(target, full, calls)
+        got = score_many(target, bare, calls, root=False)
+        for w, g, (tokens, _) in zip(want, got, calls, strict=True):
+            assert isinstance(g, NodeRows) and len(g) == len(w) == 1 + len(tokens)
+            for r in range(len(tokens)):
+                assert torch.equal(g[1 + r], w[1 + r])
+            with pytest.raises(IndexError, match="rows 1"):
+                g[0]
+        for group in (full, bare):  # commit the first node of each row
+            for s, (tokens, _) in zip(group, calls, strict=True):
+                s.commit([tokens[0]], [0])
+    # alone (HFSession.score), the root known: the nodes only
+    want = full[0].score([11, 12], [-1, 0])
+    got = score_many(None, [bare[0]], [([11, 12], [-1, 0])], root=False)[0]
+    assert isinstance(got, NodeRows) and all(torch.equal(got[i], want[i]) for i in (1, 2))
+    # a commit with a token never fed (the bonus): the next call feeds it, so its result
+    # carries that fresh root and comes back whole
+    for sess in (full[0], bare[0]):
+        sess.commit([11, 55], [0])
+    want = full[0].score([13], [-1])
+    got = score_many(None, [bare[0]], [([13], [-1])], root=False)[0]
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)

@@ -426,11 +426,16 @@ class BatchEngine:
             # sessions that share state across rows (a dynamic drafter's predictor and counters)
             # draft one row at a time; plain model drafting works on the rows side by side
             side_by_side = all(sessions[i].parallel_grow for i in growing)
+            first = True  # a grower reads the root row of its first call only
             while pending:
                 idx = list(pending)
                 outs = score_many(
-                    model, [sessions[i].session for i in idx], [pending[i] for i in idx]
+                    model,
+                    [sessions[i].session for i in idx],
+                    [pending[i] for i in idx],
+                    root=first,
                 )
+                first = False
                 columns = ([growing[i] for i in idx], outs)
                 sent = (
                     self.rows.map(_resume, *columns)

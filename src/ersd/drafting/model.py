@@ -39,6 +39,7 @@ from ersd.methods import DraftTree, Method, NodeNoise
 from ersd.methods.base import DraftLogits
 from ersd.methods.ersd import ERSD
 from ersd.models.base import LanguageModel, ModelSession
+from ersd.models.batch import score_many
 from ersd.probs import SamplingParams, logits_to_probs, plain_temperature
 from ersd.race import STREAM_RACE, RaceNoise
 from ersd.race_v2 import LogitRow, v2_ranking_from_logits
@@ -306,8 +307,8 @@ class ModelDraftSession:
                 rows, previous = score_previous(*call)
                 if previous is not None:
                     seen = (beyond[0], self._rank_of(previous, beyond, rule, params, noise))
-            else:
-                rows = self.session.score(*call)
+            else:  # after the first call the grower reads the new nodes' rows only
+                rows = score_many(None, [self.session], [call], root=not forwards)[0]
             seconds += time.perf_counter() - t0
             forwards += 1
             try:

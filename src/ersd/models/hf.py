@@ -214,20 +214,25 @@ class HFModel:
         return HFSession(self, prompt)
 
     def score_batch(
-        self, sessions: Sequence[Any], calls: Sequence[tuple[Sequence[int], Sequence[int]]]
+        self,
+        sessions: Sequence[Any],
+        calls: Sequence[tuple[Sequence[int], Sequence[int]]],
+        root: bool = True,
     ) -> list[torch.Tensor]:
         """Score several sessions' calls in one forward (see :mod:`ersd.models.hf_batch`)."""
         from ersd.models.hf_batch import score_batch
 
-        return score_batch(self, sessions, calls)
+        return score_batch(self, sessions, calls, root)
 
-    def forward_slots(self, rows: list[tuple[int, HFSession, Any]]) -> list[torch.Tensor]:
+    def forward_slots(
+        self, rows: list[tuple[int, HFSession, Any]], root: bool = True
+    ) -> list[torch.Tensor]:
         """Scores ``(index, session, mask plan)`` rows held in slots of the batched storage in
         one forward (:func:`ersd.models.hf_batch.forward_slots`); a slot-held session scores
         itself alone through it."""
         from ersd.models.hf_batch import forward_slots
 
-        return forward_slots(self, rows)
+        return forward_slots(self, rows, root)
 
     def check_compatible(self, other: TextModel) -> None:
         """Raise :class:`ersd.VocabularyMismatchError` unless ``other`` tokenizes exactly like

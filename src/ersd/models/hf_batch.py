@@ -53,9 +53,13 @@ def batchable(model: HFModel) -> bool:
 
 
 def score_batch(
-    model: HFModel, sessions: Sequence[Any], calls: Sequence[tuple[Sequence[int], Sequence[int]]]
+    model: HFModel,
+    sessions: Sequence[Any],
+    calls: Sequence[tuple[Sequence[int], Sequence[int]]],
+    root: bool = True,
 ) -> list[torch.Tensor]:
-    """``[s.score(*c) for s, c in zip(sessions, calls)]``, one forward for the batchable rows."""
+    """``[s.score(*c) for s, c in zip(sessions, calls)]``, one forward for the batchable rows
+    (``root=False``: :meth:`HFSession.score`'s, without a known root row's copy)."""
     out: list[torch.Tensor | None] = [None] * len(sessions)
     group: list[tuple[int, HFSession, MaskPlan]] = []
     alone: list[tuple[int, HFSession, MaskPlan]] = []
@@ -79,17 +83,16 @@ def score_batch(
     parts = [group] if group else []
     parts += [[row] for row in alone]
     for part in parts:
-        for (i, _, _), logits in zip(part, forward_slots(model, part), strict=True):
-            model.check_logits(logits)
-            out[i] = logits
+        for (i, _, _), logits in zip(part, forward_slots(model, part, root), strict=True):
+            out[i] = logits  # checked by forward_slots, once over the forward's new rows
     for i, (sess, call) in enumerate(zip(sessions, calls, strict=True)):
         if out[i] is None:
-            out[i] = sess.score(*call)
+            out[i] = sess.score(*call, root=root)
     return [o for o in out if o is not None]
 
 
 def forward_slots(
-    model: HFModel, rows: list[tuple[int, HFSession, MaskPlan]]
+    model: HFModel, rows: list[tuple[int, HFSession, MaskPlan]], root: bool = True
 ) -> list[torch.Tensor]:
     """One forward for the planned rows on the slot storage; returns what each row's
     :meth:`HFSession.score` returns, in the order of ``rows``."""
@@ -144,10 +147,11 @@ def forward_slots(
     with torch.no_grad():
         logits = model._forward(ids.to(dev), positions.to(dev), cache, mask.to(dev), q_len)
     logits = logits.float()
+    model.check_logits(logits)  # every new row once (a root prepended below was checked before)
     out: list[torch.Tensor] = [logits[0]] * n
     for r, j in enumerate(order):
         sess, plan = sessions[j], plans[j]
         q = len(plan.ids)
         refs[j].length = plan.past + q  # type: ignore[union-attr]
-        out[j] = sess.finish_mask(plan, logits[r, q - plan.keep : q])
+        out[j] = sess.finish_mask(plan, logits[r, q - plan.keep : q], root)
     return out

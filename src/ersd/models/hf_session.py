@@ -57,6 +57,10 @@ class MaskPlan:
 class HFSession:
     """Session of an :class:`HFModel`; see the module docstring for the cache layout."""
 
+    #: ``score(..., root=False)`` may return only the new nodes' rows
+    #: (:func:`ersd.models.batch.score_many`)
+    rootless_rows = True
+
     def __init__(self, owner: HFModel, prompt: Sequence[int]) -> None:
         self.owner = owner
         self._committed: list[int] = [int(t) for t in prompt]
@@ -118,7 +122,12 @@ class HFSession:
 
     # -- score ---------------------------------------------------------------------------------
 
-    def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    def score(
+        self, tokens: Sequence[int], parents: Sequence[int], root: bool = True
+    ) -> torch.Tensor:
+        """The logits rows of the root and the new nodes, ``[1 + n, V]`` (``root=False``: only
+        the new nodes' ``[n, V]`` where the root is already known, so no copy of it is made; see
+        :func:`ersd.models.batch.score_many`)."""
         self._check_open()
         n = len(tokens)
         num_pending = len(self._ptok)
@@ -133,7 +142,7 @@ class HFSession:
             if self._mode == "paths" and n:
                 rows = self._score_paths(tokens, parents, depths)
             else:
-                rows = self._score_mask(tokens, parents, depths)
+                rows = self._score_mask(tokens, parents, depths, root)
         self.owner.check_logits(rows)
         return rows
 
@@ -191,12 +200,12 @@ class HFSession:
         self._prow.extend(rows.unbind(0))
 
     def _score_mask(
-        self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
+        self, tokens: Sequence[int], parents: Sequence[int], depths: list[int], root: bool = True
     ) -> torch.Tensor:
         owner = self.owner
         plan = self.plan_mask(tokens, parents, depths)
         if self._slot is not None:  # scored on its slot of the batched storage, alone
-            return owner.forward_slots([(0, self, plan)])[0]
+            return owner.forward_slots([(0, self, plan)], root)[0]
         mask: torch.Tensor | dict[str, torch.Tensor] | None = None  # plain causal continuation
         if plan.allowed is not None:
             mask = owner._additive(plan.allowed)
@@ -208,7 +217,7 @@ class HFSession:
         ids = torch.tensor([plan.ids], dtype=torch.long, device=owner.device)
         positions = torch.tensor([plan.positions], dtype=torch.long, device=owner.device)
         logits = owner._forward(ids, positions, self._cache, mask, plan.keep)[0].float()
-        return self.finish_mask(plan, logits)
+        return self.finish_mask(plan, logits, root)
 
     def plan_mask(
         self, tokens: Sequence[int], parents: Sequence[int], depths: list[int]
@@ -283,9 +292,10 @@ class HFSession:
         assert window is not None
         return (torch.tensor(plan.positions)[:, None] - kv_pos[None, :]) < window
 
-    def finish_mask(self, plan: MaskPlan, logits: torch.Tensor) -> torch.Tensor:
+    def finish_mask(self, plan: MaskPlan, logits: torch.Tensor, root: bool = True) -> torch.Tensor:
         """Record the forward of ``plan`` (its last ``plan.keep`` logits rows, float32) and return
-        what :meth:`score` returns."""
+        what :meth:`score` returns (``root=False``: the new nodes' rows alone where no tail was
+        fed, a view of the forward's output)."""
         self._n_cached = len(self._committed)
         if plan.previous:
             self._previous, logits = logits[0], logits[1:]
@@ -298,6 +308,8 @@ class HFSession:
         self._add_pending(plan.tokens, plan.parents, plan.depths, plan.ancestors, node_rows)
         if plan.tail:
             return logits
+        if not root and len(node_rows):
+            return node_rows
         return torch.cat([self._root.unsqueeze(0), node_rows], dim=0)
 
     def depths_of(self, parents: Sequence[int]) -> list[int]:

@@ -201,7 +201,40 @@ def single_fields(res: Any) -> dict[str, Any]:
         "draft_forwards": res.draft_forwards,
         "auto_choices": getattr(res, "auto_choices", None) or None,
         "finding_out": getattr(res, "auto_finding_out", None),
+        "trace": step_trace(res),
     }
+
+
+#: the per-step fields of :func:`step_trace`, in order
+TRACE_FIELDS = (
+    "tree", "nodes", "accepted", "emitted", "draft_forwards", "target_s", "draft_s", "total_s",
+    "predicted",
+)  # fmt: skip
+
+
+def step_trace(res: Any) -> list[list[Any]]:
+    """One row per target call (:data:`TRACE_FIELDS`): what ``tree="auto"`` chose (or the
+    drafted depth of a fixed tree), the tree's nodes, the accepted draft tokens, the tokens
+    emitted, the draft forwards and the step's seconds, and auto's predicted tokens/s -- the
+    per-step data a replay of a live run needs (the counts alone cannot say where a run lost
+    its steps)."""
+    rows = []
+    for s in getattr(res, "steps", None) or []:
+        choice = getattr(s, "choice", None) or {}
+        rows.append(
+            [
+                choice.get("tree", f"depth:{s.tree_depth}"),
+                s.num_draft_tokens,
+                s.num_accepted,
+                len(s.tokens),
+                s.draft_forwards,
+                round(s.target_time, 5),
+                round(s.draft_time, 5),
+                round(s.total_time, 5),
+                choice.get("predicted"),
+            ]
+        )
+    return rows
 
 
 def batch_fields(out: list[Any], seconds: float) -> dict[str, Any]:

@@ -136,3 +136,8 @@ def test_worker_runs_auto_in_a_subprocess_interleaved_with_the_others(tmp_path) 
     assert by["auto-new"]["tokens"] == by["auto"]["tokens"] == 6
     assert by["auto-new"]["rate"] > 0 and by["auto-new"]["auto_choices"]
     assert "checks" in result["summary"]["humaneval T=0"]
+    for r in by.values():  # the per-step trace: one row per target call, every token counted
+        trace = r["trace"]
+        assert len(trace) == r["target_calls"] and sum(t[3] for t in trace) == r["tokens"]
+    auto_steps = [t[0] for t in by["auto"]["trace"]]
+    assert {c: auto_steps.count(c) for c in set(auto_steps)} == by["auto"]["auto_choices"]

@@ -32,7 +32,10 @@ writes ``OUT_DIR/PART.json``, ``render`` writes ``OUT_DIR/tables.md`` from what 
   T = 0.7 and 1; at 16 / 32 / 64 / 128 / 256 tokens, p <= 0.01 (TPR at 1% FPR: both nulls are
   exact, part ``fpr``) for the model-free and the model-weighted detector (the generator's
   probabilities at the generation's temperature), with the prompt and without it.
-* ``localize`` -- the ``tpr-smollm`` texts' first 64 / 128 / 256 tokens pasted (token level)
+  ``--model qwen2.5-coder-1.5b --name tpr-qwen-1.5b`` writes the Qwen pair's target to its own
+  file (its texts are the pair's ERSD texts: target-only and ERSD sampling give the same text
+  under the same seed and key in float32).
+* ``localize`` -- the ``tpr-smollm`` T = 0.7 texts' first 64 / 128 / 256 tokens pasted (token level)
   between held-out human text (1,000 to 4,000 tokens in all, the split at random): the scan's
   verdict and best span (IoU with the true span) against testing the whole document.
 
@@ -228,10 +231,9 @@ class ProbCache:
                     f"{f}: cached for other token ids (corpus or tokenizer changed): delete "
                     f"{self.root} and run again"
                 )
-            if need_alone and "alone" not in z:
-                return None
             p_prompt = {1.0: z["p1"].astype(np.float64), 0.7: z["p07"].astype(np.float64)}
-            alone = z["alone"].astype(np.float64) if need_alone else None
+            # None where the windows-alone forward was not run for this chunk: the caller runs it
+            alone = z["alone"].astype(np.float64) if need_alone and "alone" in z else None
         return p_prompt, alone
 
     def save(
@@ -547,16 +549,17 @@ def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             if use_model:
                 t1 = time.perf_counter()
                 got = cache.load(source, c, ids, want_alone)
-                if got is None:
+                if got is not None:
+                    p_prompt, p_alone = got
+                else:
                     pp = batch_probs(model, ids[None, :], (1.0, 0.7))
                     p_prompt = {t: v[0, PREFIX:] for t, v in pp.items()}
-                    if want_alone:
-                        p_alone = batch_probs(
-                            model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,)
-                        )[1.0]
+                if want_alone and p_alone is None:  # not cached: the one forward still missing
+                    p_alone = batch_probs(
+                        model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,)
+                    )[1.0]
+                if got is None or (want_alone and got[1] is None):
                     cache.save(source, c, ids, p_prompt, p_alone)
-                else:
-                    p_prompt, p_alone = got
                 model_s += time.perf_counter() - t1
             t1 = time.perf_counter()
             windows, doc = chunk_stats(wm, ids, p_prompt, p_alone)
@@ -903,7 +906,7 @@ def part_localize(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     rng = np.random.default_rng(52)
     rows = []
     t0 = time.perf_counter()
-    texts = src["texts"]
+    texts = [t for t in src["texts"] if t["T"] == 0.7]  # the T = 0.7 texts, as first run
     spans = (64, 128, 256)
     jobs = [(t, span) for t in texts for span in spans]
     for i, (t, span) in enumerate(jobs):
@@ -996,7 +999,7 @@ def render(out_dir: Path) -> str:
                 f"{fmt_rate(m['fpr_0.1pct'])} | {m['ks_pvalue']:.3g} |"
             )
         lines.append("")
-    for name in ("tpr-smollm", "tpr-qwen"):
+    for name in ("tpr-smollm", "tpr-qwen", "tpr-qwen-1.5b"):
         f = out_dir / f"{name}.json"
         if not f.exists():
             continue
@@ -1014,6 +1017,29 @@ def render(out_dir: Path) -> str:
                     + " | ".join(
                         f"{r[k]['rate']:.2f} [{r[k]['ci95'][0]:.2f}, {r[k]['ci95'][1]:.2f}]"
                         for r in rows.values()
+                    )
+                    + " |"
+                )
+            lines.append("")
+        # pooled over the domains at each temperature (the tables of the study's README)
+        for temp in sorted({c.split()[0] for c in d["cells"]}):
+            cells = [c for name_, c in d["cells"].items() if name_.split()[0] == temp]
+            if len(cells) < 2:
+                continue
+            lengths = list(cells[0])
+            lines += [
+                f"| {temp}, pooled over {len(cells)} domains, tokens | " + " | ".join(lengths) + " |",
+                "|---|" + "---|" * len(lengths),
+            ]
+            for k in ("model_free", "weighted", "model_free_no_prompt", "weighted_no_prompt"):
+                pooled = [
+                    rate(sum(c[n][k]["k"] for c in cells), sum(c[n][k]["n"] for c in cells))
+                    for n in lengths
+                ]
+                lines.append(
+                    f"| {k} | "
+                    + " | ".join(
+                        f"{r['rate']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" for r in pooled
                     )
                     + " |"
                 )
@@ -1075,6 +1101,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
     ap.add_argument("--domains", nargs="+", default=["code", "chat"], help="tpr: prompt domains")
     ap.add_argument("--model", default=None, help="tpr-qwen: the generating/scoring model")
+    ap.add_argument(
+        "--name", default=None, help="tpr: the output's name (default: the part's), e.g. tpr-qwen-1.5b"
+    )
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
@@ -1092,9 +1121,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             if args.model is None:
                 args.model = "smollm2-135m" if part == "tpr-smollm" else "qwen2.5-coder-0.5b"
-            res = part_tpr(args, args.out_dir, part)
+            res = part_tpr(args, args.out_dir, args.name or part)
         res["command"] = "python -m research.watermark_detection_field " + " ".join(sys.argv[1:])
-        (args.out_dir / f"{part}.json").write_text(json.dumps(res, indent=1))
+        name = args.name if part.startswith("tpr") and args.name else part
+        (args.out_dir / f"{name}.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

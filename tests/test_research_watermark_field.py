@@ -59,7 +59,9 @@ def test_prob_cache_is_lossless_and_refuses_what_it_cannot_vouch_for(tmp_path) -
     alone = _f32_probs(rng, (field.PER_CHUNK, field.WINDOW))
     assert cache.load("man-pages", 4, ids, False) is None
     cache.save("man-pages", 4, ids, pp, None)
-    assert cache.load("man-pages", 4, ids, True) is None  # the alone forward not stored yet
+    got, got_alone = cache.load("man-pages", 4, ids, True)  # the alone forward not stored yet:
+    assert got_alone is None  # the prompted probabilities come back, the alone slot is empty
+    assert all(np.array_equal(got[t], pp[t], equal_nan=True) for t in pp)
     got, got_alone = cache.load("man-pages", 4, ids, False)
     assert got_alone is None
     assert all(np.array_equal(got[t], pp[t], equal_nan=True) for t in pp)  # bit for bit
@@ -155,6 +157,14 @@ def test_fpr_run_resumes_from_its_records_and_cache(tmp_path, monkeypatch) -> No
     (tmp_path / "cache" / "chunks.jsonl").unlink()
     fourth = _run(tmp_path, *cache)
     assert forwards == [] and fourth["modes"] == second["modes"]
+    # the windows alone on every chunk later: only the missing alone forwards run (chunk 1 of
+    # each source), none with the prompt; the modes with the prompt keep their p-values
+    every = [*cache[:2], "--alone-every", "1", "--checkpoint", "2"]
+    fifth = _run(tmp_path, *every)
+    assert sorted(forwards) == [field.PER_CHUNK] * 2
+    assert fifth["modes"]["weighted_T1_no_prompt"]["n"] == 6 * field.PER_CHUNK
+    for key in ("weighted_T1_prompt", "weighted_T0.7_prompt", "model_free_prompt"):
+        assert fifth["modes"][key]["p_values"] == second["modes"][key]["p_values"]
 
 
 @pytest.mark.realmodel

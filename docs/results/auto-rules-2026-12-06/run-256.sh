@@ -7,6 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 export OMP_NUM_THREADS=2
+export PYTHONPATH=$(cd ../../.. && pwd)  # research.auto_check from the repository root
 TEMPS=${TEMPS:-0 1}
 SUFFIX=$([ "$TEMPS" = "0 1" ] && echo "" || echo "-t${TEMPS// /-}")
 git rev-parse --short HEAD > run-256${SUFFIX}-commit.txt

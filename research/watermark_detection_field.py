@@ -555,9 +555,9 @@ def part_fpr(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
                     pp = batch_probs(model, ids[None, :], (1.0, 0.7))
                     p_prompt = {t: v[0, PREFIX:] for t, v in pp.items()}
                 if want_alone and p_alone is None:  # not cached: the one forward still missing
-                    p_alone = batch_probs(
-                        model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,)
-                    )[1.0]
+                    p_alone = batch_probs(model, ids[PREFIX:].reshape(PER_CHUNK, WINDOW), (1.0,))[
+                        1.0
+                    ]
                 if got is None or (want_alone and got[1] is None):
                     cache.save(source, c, ids, p_prompt, p_alone)
                 model_s += time.perf_counter() - t1
@@ -1028,7 +1028,9 @@ def render(out_dir: Path) -> str:
                 continue
             lengths = list(cells[0])
             lines += [
-                f"| {temp}, pooled over {len(cells)} domains, tokens | " + " | ".join(lengths) + " |",
+                f"| {temp}, pooled over {len(cells)} domains, tokens | "
+                + " | ".join(lengths)
+                + " |",
                 "|---|" + "---|" * len(lengths),
             ]
             for k in ("model_free", "weighted", "model_free_no_prompt", "weighted_no_prompt"):
@@ -1102,7 +1104,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--domains", nargs="+", default=["code", "chat"], help="tpr: prompt domains")
     ap.add_argument("--model", default=None, help="tpr-qwen: the generating/scoring model")
     ap.add_argument(
-        "--name", default=None, help="tpr: the output's name (default: the part's), e.g. tpr-qwen-1.5b"
+        "--name", default=None, help="tpr: the output's name (default: the part's: tpr-qwen-1.5b)"
     )
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@
 They were written by target-only sampling of Qwen2.5-Coder-1.5B (float32) under the study's
 key.  This regenerates the first ``--texts`` of each cell with ERSD on the pair (1.5B float32
 target <- 0.5B int8 draft, ``chain:4``, the same seeds, prompts and key) and compares the first
-``--tokens`` tokens.  Run from the repository root:
-``PYTHONPATH=. OMP_NUM_THREADS=2 .venv/bin/python docs/results/watermark-detection-2026-12-06/pair_check.py``.
+``--tokens`` tokens.  Run from the repository root (``D`` this folder):
+``PYTHONPATH=. OMP_NUM_THREADS=2 .venv/bin/python $D/pair_check.py > $D/pair_check.txt``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import argparse
 import json
 from pathlib import Path
 
-import ersd
 from research.watermark_detection_field import prompts_for, watermark
+
+import ersd
 
 HERE = Path(__file__).parent
 

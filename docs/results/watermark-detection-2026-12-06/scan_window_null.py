@@ -5,8 +5,8 @@ the scan on the chunks' 1,250 documents of 1,024 tokens; this gives it the same 
 as the other modes.  Reads the token ids of the run's cache (no model); the first windows are
 also run through the library's ``scan`` and the script stops on any difference.
 
-Run from the repository root: ``python docs/results/watermark-detection-2026-12-06/scan_window_null.py``
-(about 5 minutes on one core; writes scan-windows.json here)."""
+Run from the repository root (``D`` this folder): ``python $D/scan_window_null.py`` (under a
+minute on one core; writes scan-windows.json here)."""
 
 import glob
 import json
@@ -71,8 +71,10 @@ def main() -> None:
     res["p_values"] = [[r[1], r[2], round(r[3], 6), round(r[4], 6)] for r in rows_out]
     (HERE / "scan-windows.json").write_text(json.dumps(res, indent=1))
     for mode, m in res["modes"].items():
-        print(f"| {mode} | {m['n']} | {F.fmt_rate(m['fpr_1pct'])} | {F.fmt_rate(m['fpr_0.1pct'])} "
-              f"| {m['ks_pvalue']:.3g} |")
+        print(
+            f"| {mode} | {m['n']} | {F.fmt_rate(m['fpr_1pct'])} | {F.fmt_rate(m['fpr_0.1pct'])} "
+            f"| {m['ks_pvalue']:.3g} |"
+        )
 
 
 if __name__ == "__main__":

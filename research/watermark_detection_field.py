@@ -302,6 +302,14 @@ def scan_p(g: np.ndarray, salts: int) -> tuple[float, float]:
     return sidak(min(1.0, len(wins) * best), salts), sidak(best, salts)
 
 
+def chunk_rows(wm: Watermark, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(text, rows)`` of a chunk: its tokens after the prompt, and each one's keyed context
+    (the ``h`` tokens before it, the key's initial window in front of the prompt's end)."""
+    text = ids[PREFIX:]
+    padded = np.concatenate([np.asarray(wm.initial_window(ids[:PREFIX].tolist())), text])
+    return text, np.lib.stride_tricks.sliding_window_view(padded, wm.context_width)[: len(text)]
+
+
 def chunk_stats(
     wm: Watermark,
     ids: np.ndarray,
@@ -312,9 +320,7 @@ def chunk_stats(
     ``[1024]`` probabilities of the chunk's text after everything before it; ``p_alone``
     ``[8, 128]`` each window's own, the window alone (``None``: those modes left out)."""
     h = wm.context_width
-    text = ids[PREFIX:]
-    padded = np.concatenate([np.asarray(wm.initial_window(ids[:PREFIX].tolist())), text])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, h)[: len(text)]
+    text, rows = chunk_rows(wm, ids)
     salts = list(range(wm.num_salts))
     u = wm.prf(0).uniform_at(rows, text, salts=salts)  # [salts, 1024], every position
     e_all, g_all = -np.log(u), -np.log1p(-u)
@@ -656,9 +662,7 @@ def part_fpr_profile(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             calls["n"] += 1
             calls["s"] += time.perf_counter() - t
 
-    text = ids2[0, PREFIX:]
-    padded = np.concatenate([np.asarray(wm.initial_window(ids2[0, :PREFIX].tolist())), text])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, wm.context_width)[: len(text)]
+    text, rows = chunk_rows(wm, ids2[0])
     for _ in range(args.repeats):
         timed(
             "prf_256_salts_1024_positions",
@@ -691,10 +695,7 @@ def part_fpr_profile(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
 def pair_keys(wm: Watermark, ids: np.ndarray) -> list[np.ndarray]:
     """Per window of a chunk, a 64-bit hash of each scored (window, token) pair (with the
     prompt: a superset of the pairs without it)."""
-    h = wm.context_width
-    text = ids[PREFIX:]
-    padded = np.concatenate([np.asarray(wm.initial_window(ids[:PREFIX].tolist())), text])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, h)[: len(text)]
+    text, rows = chunk_rows(wm, ids)
     cols = np.concatenate([rows, text[:, None]], axis=1).astype(np.uint64)
     key = np.zeros(len(text), dtype=np.uint64)
     with np.errstate(over="ignore"):

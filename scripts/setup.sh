@@ -14,14 +14,16 @@ for a in "$@"; do
 done
 set -- ${args[@]+"${args[@]}"}
 PY=${PYTHON:-python3}
+# shellcheck source=scripts/pip-install.sh
+. scripts/pip-install.sh
 if [[ ! -x .venv/bin/python ]]; then
+  # installed, it takes ~1.7 GB (torch 0.75); the models' prepared weights go to ~/.cache/ersd
+  need_disk "a new .venv (torch, transformers and ersd's extras)" 2 .venv 1 "${TMPDIR:-/tmp}"
   echo "== creating .venv"
   "$PY" -m venv .venv
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-# shellcheck source=scripts/pip-install.sh
-. scripts/pip-install.sh
 pip_q() { pip_install python "$@"; }
 if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   echo "== installing torch 2.13.0 (CPU wheel)"

@@ -26,7 +26,10 @@ logits on both sides); ``--compare-all``: both logits paths against neither; ``-
 block-minimum lower bounds of a new v2 race (:data:`ersd.race_v2.LOWER_BOUNDS`), the NumPy
 widening of :func:`ersd.race_v2.logit_block_max` and the engine's member test of a growing draft
 session against the code before them (exact minima, the torch cast, ``isinstance`` on the
-runtime protocol).  ``--cpu-time`` times
+runtime protocol).  ``--compare-kept`` (the
+same, for the block maxima kept from the finiteness check, :data:`ersd.blockmax.ENABLED`, and a
+single winner drawn in one pass from the largest logit's bound, :data:`ersd.race_v2.TOP_FIRST`).
+``--cpu-time`` times
 everything, the forwards included, by this process's CPU time (a loaded host); ``--target
 synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
 the forwards alone, for development).  Run alone:
@@ -37,6 +40,7 @@ the forwards alone, for development).  Run alone:
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-logits --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-draft --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-cuts --repeats 6
+    python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-kept --repeats 6
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import ersd
 import ersd.batch as batch_module
 import ersd.drafting.model as drafting_model
 import ersd.models.hf
-from ersd import race_v2, verify_batch
+from ersd import blockmax, race_v2, verify_batch
 from ersd.batch import BatchEngine
 from ersd.bench.prompts import encode_prompt, load_prompts
 from ersd.drafting.base import GrowingSession
@@ -206,11 +210,21 @@ def _set_cuts(fast: bool) -> None:
     batch_module.grows = _NEW_GROWS if fast else _old_grows
 
 
+def _set_kept(fast: bool) -> None:
+    """``--compare-kept``: the block maxima kept from the finiteness check
+    (:data:`ersd.blockmax.ENABLED`) and a single winner drawn from the largest logit's bound
+    (:data:`ersd.race_v2.TOP_FIRST`) on (``fast``) or the code before them."""
+    blockmax.ENABLED = race_v2.TOP_FIRST = fast
+
+
 def _set_logit_paths(args, fast: bool) -> None:
     """Switch what the comparison compares: the target's winners from its logits
     (``--compare-logits``) or the drafter's race from its logits (``--compare-draft``; the
     target's winners from its logits on both sides)."""
-    if args.compare_cuts:
+    if args.compare_kept:
+        drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = True
+        _set_kept(fast)
+    elif args.compare_cuts:
         drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = True
         _set_cuts(fast)
     elif args.compare_all:
@@ -244,6 +258,7 @@ def compare_logits(target, draft, prompts, args) -> None:
                     finally:
                         verify_batch.FROM_LOGITS = drafting_model.FROM_LOGITS = True
                         _set_cuts(True)
+                        _set_kept(True)
                     name = "new" if fast else "before"
                     runs[name].append(r)
                     print(
@@ -256,7 +271,9 @@ def compare_logits(target, draft, prompts, args) -> None:
             same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
             row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
             row["compares"] = (
-                "cuts"
+                "kept"
+                if args.compare_kept
+                else "cuts"
                 if args.compare_cuts
                 else "all"
                 if args.compare_all
@@ -341,6 +358,12 @@ def main() -> None:
         "--compare-cuts", action="store_true", help="issue 47 item 4's cuts against the code before"
     )
     ap.add_argument(
+        "--compare-kept",
+        action="store_true",
+        help="the block maxima kept from the finiteness check and the one-draw single winner "
+        "against the code before them",
+    )
+    ap.add_argument(
         "--scheme",
         default=None,
         help="the race scheme (default: v2 with --compare-logits, else v1)",
@@ -359,7 +382,11 @@ def main() -> None:
     args = ap.parse_args()
     global CLOCK
     args.compare_logits = (
-        args.compare_logits or args.compare_draft or args.compare_all or args.compare_cuts
+        args.compare_logits
+        or args.compare_draft
+        or args.compare_all
+        or args.compare_cuts
+        or args.compare_kept
     )
     args.scheme = args.scheme or ("v2" if args.compare_logits else "v1")
     if args.cpu_time:

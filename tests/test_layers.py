@@ -43,6 +43,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         (
             "ersd.errors",
             "ersd.validation",
+            "ersd.blockmax",
             "ersd.race",
             "ersd.race_torch",
             "ersd.race_v2",

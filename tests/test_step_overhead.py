@@ -191,3 +191,64 @@ def test_first_argmax_is_torchs_and_the_greedy_rule_uses_it() -> None:
     p[1234] = 1.0
     assert GREEDY.bonus(p, None) == 1234  # type: ignore[arg-type]
     assert GREEDY.verify_node(p, p, [7, 1234], None).child == 1  # type: ignore[arg-type]
+
+
+def _top_first_against_references(vocab: int, keys: int) -> tuple[int, int, int]:
+    """(wrong, answered, drawn at once) over fresh races on peaked and flatter rows: the target's
+    winner and a chain's child from the logits against ``race_winner`` / ``race_ranking`` on the
+    float64 probabilities; "drawn at once": how often the largest logit's bound chose the blocks."""
+    from ersd import race_v2 as rv
+    from ersd.probs import SamplingParams, logits_to_probs
+    from ersd.race import RaceNoise, root_key
+
+    noise = RaceNoise(vocab, scheme="v2")
+    g = torch.Generator().manual_seed(vocab + 1)
+    calls = {"n": 0}
+    helper = rv._blocks_below_top
+
+    def counting(*a: object) -> np.ndarray | None:
+        out = helper(*a)  # type: ignore[arg-type]
+        calls["n"] += out is not None
+        return out
+
+    rv._blocks_below_top = counting  # restored below
+    wrong = answered = 0
+    try:
+        for k in range(keys):
+            row = torch.randn(vocab, generator=g) * (2.0 + 6.0 * (k % 3))
+            t = (1.0, 0.7, 1.3)[k % 3]
+            q = logits_to_probs(row, SamplingParams(temperature=t))
+            key = root_key(k, [vocab, 3])
+            want = noise.ranking(key, q, 1)[0]
+            got = noise.winner_from_logits(key, row, t)
+            child = rv.v2_ranking_from_logits(
+                rv.V2Race(key, 0, vocab), rv.LogitRow(row, t), 1
+            )  # a fresh race: nothing drawn yet
+            for answer in (got, None if child is None else child[0]):
+                if answer is not None:
+                    answered += 1
+                    wrong += answer != want
+    finally:
+        rv._blocks_below_top = helper
+    return wrong, answered, calls["n"]
+
+
+def test_a_single_winner_from_the_largest_logits_bound_is_the_reference(monkeypatch) -> None:
+    """The target's winner and a chain's child found in one draw of the blocks within the largest
+    logit's score (``race_v2.TOP_FIRST``) are the references' tokens on 240 fresh races at two
+    vocabularies; a variant that draws only that token's own block answers wrong tokens."""
+    from ersd import race_v2 as rv
+
+    assert rv.TOP_FIRST
+    for vocab in (6400, 151936):
+        keys = 240 if vocab < 10000 else 30
+        wrong, answered, used = _top_first_against_references(vocab, keys)
+        assert wrong == 0 and answered >= 0.97 * 2 * keys
+        assert used >= keys  # the one-draw path ran (most rows are peaked enough)
+    monkeypatch.setattr(
+        rv,
+        "_blocks_below_top",
+        lambda race, x, bm, mx, t, bound: np.array([int(bm.argmax())]),
+    )
+    wrong, _, _ = _top_first_against_references(6400, 240)
+    assert wrong > 0

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ersd import blockmax
+
 _MASK64 = (1 << 64) - 1
 _TINY = float(np.finfo(np.float64).tiny)
 
@@ -60,7 +62,7 @@ def _mix64(x: int) -> int:
 # arithmetic), so NumPy and torch on any device compute the same bits
 # (:func:`ersd.race_torch.v2_exponentials_torch`), element by element, wherever an element sits.
 
-V2_BLOCK = 64
+V2_BLOCK = blockmax.BLOCK  # 64
 _V2_SALT = 0x52414345_56320000  # "RACEV2"
 _TAG_TOKEN, _TAG_BLOCK, _TAG_UNIFORM = 0, 1, 2
 _SQRT_HALF = 0.7071067811865476
@@ -476,6 +478,9 @@ _SUBNORMAL = 2.0**-1022  # below it a reference probability loses relative preci
 def logit_block_max(logits: torch.Tensor) -> np.ndarray:
     """Each block's largest logit (float64) of a 1-D CPU row of any float dtype (a maximum is
     exact in its own dtype, and every float dtype widens to float64 exactly)."""
+    kept = blockmax.lookup(logits)  # computed with the backend's finiteness check
+    if kept is not None:
+        return kept
     v = logits.shape[0]
     full = v - v % V2_BLOCK
     if full == v and logits.dtype in (torch.float32, torch.float64):
@@ -497,6 +502,38 @@ def _host_logits(logits: torch.Tensor) -> np.ndarray:
     return logits.to(torch.float32).numpy()
 
 
+#: find a single winner (a chain's child, the target's token) by first bounding its score with
+#: the row's largest logit's token (:func:`_blocks_below_top`); False: the rounds alone (the
+#: reference ``research/profile_batch.py --compare-cuts`` compares with; the same tokens)
+TOP_FIRST = True
+#: the most blocks :func:`_blocks_below_top` draws at once (beyond, the rounds of 4, 16, ...)
+TOP_BLOCKS = 64
+
+
+def _blocks_below_top(
+    race: V2Race, x: np.ndarray, bm: np.ndarray, mx: float, t: float, bound: np.ndarray
+) -> np.ndarray | None:
+    """The blocks that can hold a token scoring within ``LOGIT_GAP`` of the row's largest logit's
+    token (the first one): every block whose bound is within the gap of that token's score.  The
+    winner scores at most that, so every other block's bound is above the winner's score by more
+    than the gap (what the rounds of :func:`_best_blocks` stop at) and one draw finds it.  None
+    when that token's weight is not 1 (a partial last block, or ``x / t`` not ``mx`` in float64)
+    or more than :data:`TOP_BLOCKS` blocks qualify (a flat row: the rounds may stop sooner)."""
+    b = int(bm.argmax())
+    lo = b * V2_BLOCK
+    if lo + V2_BLOCK > x.shape[0]:
+        return None
+    j = lo + int(x[lo : lo + V2_BLOCK].argmax())
+    d = float(x[j])
+    if t != 1.0:
+        d /= t
+    if d - mx != 0.0:
+        return None
+    top = race.exponential(j)  # its score: E / exp(0)
+    blocks = np.flatnonzero(bound <= top * (1.0 + LOGIT_GAP))
+    return blocks if blocks.size <= TOP_BLOCKS else None
+
+
 def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float) -> int | None:
     """The winner of ``race`` over ``p = softmax(logits / temperature)`` as
     :func:`ersd.probs.logits_to_probs` computes it in float64 (no top-k, top-p or min-p), found
@@ -515,9 +552,12 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
         bound = race.lower / np.exp(bm - mx)
     x = _host_logits(logits)
     n_blocks = bound.size
+    top = _blocks_below_top(race, x, bm, mx, t, bound) if TOP_FIRST else None
     n = 4
     while True:
-        if n >= n_blocks:
+        if top is not None:  # one draw: every other block is beyond the gap (the helper)
+            blocks, beyond = top, math.inf
+        elif n >= n_blocks:
             blocks, beyond = np.arange(n_blocks), math.inf
         else:
             part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
@@ -629,9 +669,16 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
         return None
     bound = row.bound(race)
     n_blocks = bound.size
+    top = (
+        _blocks_below_top(race, row.x, row.bm, row.mx, row.t, bound)
+        if m == 1 and TOP_FIRST
+        else None
+    )
     n = 4
     while True:
-        if n >= n_blocks:
+        if top is not None:  # one draw: every other block is beyond the gap (the helper)
+            blocks, beyond = top, math.inf
+        elif n >= n_blocks:
             blocks, beyond = np.arange(n_blocks), math.inf
         else:
             part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
@@ -645,7 +692,7 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
         if not math.isfinite(limit):
             if n >= n_blocks:
                 return None  # fewer than m tokens with mass
-            n *= 4
+            n, top = n * 4, None
             continue
         if beyond > limit * (1.0 + LOGIT_GAP):
             break

@@ -3,14 +3,18 @@
 A NaN in one weight (a damaged file, an overflow in float16) makes every logit NaN; softmax then
 yields NaN probabilities and the race picks token 0 — text that is silently wrong.  So each
 backend's ``score`` passes the rows it returns (the rows the loop uses: the root and the new
-nodes) through :func:`check_scored_logits` once per call: one sum over ``[1 + n, vocab]``
-values (:func:`all_finite`), small next to the forward that made them.
+nodes) through :func:`check_scored_logits` once per call: one reduction over ``[1 + n, vocab]``
+values, small next to the forward that made them.  On the CPU it is the rows' block maxima
+(:mod:`ersd.blockmax`), which decide finiteness and are kept for the races (which would
+otherwise read each row again for them); elsewhere one sum (:func:`all_finite`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ersd import blockmax
 from ersd.errors import InvalidLogitsError
 
 
@@ -28,7 +32,14 @@ def all_finite(logits: torch.Tensor) -> bool:
 def check_scored_logits(logits: torch.Tensor, model: str, *, dtype: str | None = None) -> None:
     """Raise :class:`InvalidLogitsError` naming ``model`` when ``logits`` hold NaN, +inf or a row
     of only -inf (``dtype``: the weights' dtype, named in the repair advice)."""
-    if all_finite(logits):  # the common case: one reduction, one sync
+    maxima = blockmax.compute(logits)  # a CPU float row: its block maxima, kept for the races
+    if maxima is not None:
+        # a NaN or +inf entry makes its block's maximum so, a row of only -inf has only -inf ones
+        m = maxima.numpy()  # small ([rows, V / 64]): NumPy's sum, no torch threads to wake
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(m.sum()) or np.isfinite(m).all():
+                return
+    elif all_finite(logits):  # the common case elsewhere: one reduction, one sync
         return
     if bool(torch.isnan(logits).any()):
         what = "NaN"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ersd import blockmax
 from ersd.errors import ErsdError, GenerationInputError
 from ersd.models.base import check_commit_args, check_tree_args
 
@@ -310,7 +311,7 @@ class HFSession:
             return logits
         if not root and len(node_rows):
             return node_rows
-        return torch.cat([self._root.unsqueeze(0), node_rows], dim=0)
+        return blockmax.cat([self._root.unsqueeze(0), node_rows])
 
     def depths_of(self, parents: Sequence[int]) -> list[int]:
         """Depth of each new node (1 = child of the committed sequence)."""

@@ -1,0 +1,150 @@
+"""Each 64-token block's largest logit, computed once per forward and kept for the races.
+
+A v2 race (:mod:`ersd.race_v2`) bounds its blocks by each block's largest logit, and the
+backends' finiteness check (:mod:`ersd.models.checks`) reads every row a forward returns anyway.
+:func:`compute` does both in one reduction over all of a forward's rows: a NaN or ``+inf`` entry
+makes its block's maximum NaN or ``+inf``, and a row of only ``-inf`` has only ``-inf`` maxima, so
+the maxima decide finiteness; they are then *kept* beside the logits, and
+:func:`ersd.race_v2.logit_block_max` finds a row's maxima by :func:`lookup` instead of reading the
+row a second time (one pass over a 152k row is ~40-60 us on these cores, and a decode step reads
+dozens of rows).
+
+What is kept is keyed by the logits' storage, held by a weak reference (nothing is kept alive
+here), and checked against the storage's version counter: a row written in place after its
+maxima were computed is never answered from them.  A row that was copied (``torch.cat``) has new
+storage and is not found unless :func:`cat` made the copy.  A miss costs the one pass it always
+cost.  The maxima are the same bits either way: a maximum is exact in its own dtype.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+#: token ids per block (:data:`ersd.race_v2.V2_BLOCK`)
+BLOCK = 64
+#: False: nothing is computed or kept (the finiteness check sums every row and each race reads
+#: its row for the maxima): the reference ``research/profile_batch.py --compare-kept`` compares
+#: with; the same tokens
+ENABLED = True
+#: forwards whose maxima are kept (the newest; a step reads the rows of its last few forwards)
+KEEP = 16
+_DTYPES = (torch.float32, torch.float64)
+
+
+class _Kept:
+    __slots__ = ("maxima", "offset", "rows", "storage", "version", "vocab", "wide")
+
+    def __init__(self, logits: torch.Tensor, maxima: torch.Tensor) -> None:
+        self.storage = weakref.ref(logits.untyped_storage())
+        self.offset = logits.storage_offset()
+        self.vocab = int(logits.shape[-1])
+        self.rows = logits.numel() // self.vocab
+        self.version = logits._version
+        self.maxima = maxima  # [rows, vocab // BLOCK], the logits' dtype
+        self.wide: np.ndarray | None = None  # the same, float64 and read-only (made on first use)
+
+
+_lock = threading.Lock()
+_kept: OrderedDict[tuple[int, int], _Kept] = OrderedDict()  # (storage ptr, offset) -> maxima
+
+
+def applies(logits: torch.Tensor) -> bool:
+    """Whether :func:`compute` handles ``logits``: a contiguous CPU float32 / float64 tensor
+    whose last dimension is a positive multiple of :data:`BLOCK`."""
+    v = logits.shape[-1] if logits.dim() else 0
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in _DTYPES
+        and v > 0
+        and v % BLOCK == 0
+        and logits.numel() > 0
+        and logits.is_contiguous()
+    )
+
+
+def compute(logits: torch.Tensor) -> torch.Tensor | None:
+    """Each block's largest entry of every row of ``logits`` (``[..., V]``), as ``[rows, V //
+    BLOCK]`` in its dtype (NaN where a block holds a NaN), kept for :func:`lookup`; None where
+    :func:`applies` is false (nothing kept)."""
+    if not ENABLED or not applies(logits):
+        return None
+    logits = logits.detach()
+    v = logits.shape[-1]
+    maxima = logits.reshape(-1, v // BLOCK, BLOCK).amax(-1)
+    _remember(logits, maxima)
+    return maxima
+
+
+def _remember(logits: torch.Tensor, maxima: torch.Tensor) -> None:
+    key = (logits.untyped_storage().data_ptr(), logits.storage_offset())
+    kept = _Kept(logits, maxima)
+    with _lock:
+        _kept[key] = kept
+        _kept.move_to_end(key)
+        while len(_kept) > KEEP:
+            _kept.popitem(last=False)
+
+
+def _find(logits: torch.Tensor) -> tuple[_Kept, int, int] | None:
+    """``(kept, first, k)``: the rows ``[first, first + k)`` of what is kept hold the maxima of
+    ``logits`` (a contiguous ``[V]`` or ``[k, V]`` view of a tensor :func:`compute` or
+    :func:`cat` saw, unmodified since); None when nothing kept does."""
+    if logits.dim() not in (1, 2) or not applies(logits):
+        return None
+    storage = logits.untyped_storage()
+    ptr, off, v = storage.data_ptr(), logits.storage_offset(), logits.shape[-1]
+    k = 1 if logits.dim() == 1 else logits.shape[0]
+    with _lock:
+        for (p, base), kept in reversed(_kept.items()):
+            if p != ptr or kept.storage() is not storage or kept.vocab != v:
+                continue
+            first, rem = divmod(off - base, v)
+            if rem or first < 0 or first + k > kept.rows or logits._version != kept.version:
+                continue
+            return kept, first, k
+    return None
+
+
+def _rows_of(logits: torch.Tensor) -> torch.Tensor | None:
+    """The kept maxima of the rows of ``logits`` (:func:`_find`), ``[k, V // BLOCK]``."""
+    found = _find(logits)
+    if found is None:
+        return None
+    kept, first, k = found
+    return kept.maxima[first : first + k]
+
+
+def lookup(row: torch.Tensor) -> np.ndarray | None:
+    """The kept block maxima of a 1-D row (float64, exact; a read-only view), or None when they
+    are not known."""
+    found = _find(row) if ENABLED and row.dim() == 1 else None
+    if found is None:
+        return None
+    kept, first, _ = found
+    if kept.wide is None:  # one conversion for all of a forward's rows
+        kept.wide = kept.maxima.numpy().astype(np.float64)
+        kept.wide.flags.writeable = False
+    return kept.wide[first]
+
+
+def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` of ``[k_i, V]`` rows, with the copy's block maxima kept when every
+    part's are known (a session's root row in front of a forward's new rows)."""
+    out = torch.cat(list(parts), dim=0)
+    if ENABLED and applies(out):
+        found = [_rows_of(p) for p in parts]
+        if all(f is not None for f in found):
+            _remember(out, torch.cat(found, dim=0))  # type: ignore[arg-type]
+    return out
+
+
+def clear() -> None:
+    """Forget every kept maximum (tests)."""
+    with _lock:
+        _kept.clear()

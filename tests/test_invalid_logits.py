@@ -49,19 +49,28 @@ def test_a_healthy_model_is_unchanged_by_the_check() -> None:
     assert len(out.tokens) == 5
 
 
+def assert_refusals(ok: torch.Tensor) -> None:
+    """``check_scored_logits`` accepts ``ok`` (2-D rows, masked tokens allowed) and refuses it
+    with a NaN or a +inf in its last row, or with that row all -inf, naming what and how many."""
+    check_scored_logits(ok, "m")
+    rows, v = ok.shape
+    for value, what in ((float("nan"), "NaN"), (float("inf"), r"\+inf")):
+        bad = ok.clone()
+        bad[-1, v - 3] = value
+        with pytest.raises(
+            InvalidLogitsError, match=rf"'m' returned {what} logits \(1 of {rows} rows"
+        ):
+            check_scored_logits(bad, "m")
+    dead = ok.clone()
+    dead[-1] = float("-inf")
+    with pytest.raises(InvalidLogitsError, match="all -inf"):
+        check_scored_logits(dead, "m")
+
+
 def test_check_scored_logits_accepts_a_masked_vocabulary_only() -> None:
     ok = torch.zeros(2, 5)
     ok[0, 1] = float("-inf")  # masked tokens are a valid distribution
-    check_scored_logits(ok, "m")
-    for value, what in ((float("nan"), "NaN"), (float("inf"), r"\+inf")):
-        bad = ok.clone()
-        bad[1, 2] = value
-        with pytest.raises(InvalidLogitsError, match=rf"'m' returned {what} logits \(1 of 2 rows"):
-            check_scored_logits(bad, "m")
-    dead = ok.clone()
-    dead[1] = float("-inf")
-    with pytest.raises(InvalidLogitsError, match="all -inf"):
-        check_scored_logits(dead, "m")
+    assert_refusals(ok)
 
 
 @pytest.mark.realmodel

@@ -504,7 +504,7 @@ def _host_logits(logits: torch.Tensor) -> np.ndarray:
 
 #: find a single winner (a chain's child, the target's token) by first bounding its score with
 #: the row's largest logit's token (:func:`_blocks_below_top`); False: the rounds alone (the
-#: reference ``research/profile_batch.py --compare-cuts`` compares with; the same tokens)
+#: reference ``research/profile_batch.py --compare-kept`` compares with; the same tokens)
 TOP_FIRST = True
 #: the most blocks :func:`_blocks_below_top` draws at once (beyond, the rounds of 4, 16, ...)
 TOP_BLOCKS = 64

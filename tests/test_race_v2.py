@@ -425,19 +425,51 @@ def test_batch_under_v2_equals_rows_alone() -> None:
 
 
 def test_scalar_exponential_has_the_array_bits() -> None:
-    """The one-token path (Python floats, used for a rank's score) equals the array path."""
-    from ersd.race_v2 import _unit_log_scalar, _v2_exponential_at
+    """The one-token path (Python floats: a rank's score, the largest logit's token's score before
+    its block is drawn) equals the array path, block minimum included."""
+    from ersd.race_v2 import (
+        V2Race,
+        _block_words,
+        _minima_of_words,
+        _minimum_of_word,
+        _unit_log_scalar,
+        _v2_exponential_at,
+        v2_seed,
+    )
 
     rng = np.random.default_rng(8)
     u = np.concatenate([rng.random(3000), np.exp(-rng.random(300) * 36), [1.0, 2.0**-53]])
     u = u[u > 0]
     assert [_unit_log_scalar(float(x)) for x in u] == unit_log(u).tolist()
+    # block words at the extremes too: U = 1 (-log U = 0, the minimum is then the floor) and 2^-53
+    words = np.concatenate(
+        [
+            rng.integers(0, 2**64, 2000, dtype=np.uint64),
+            np.array([2**64 - 1, 0, 2**11 - 1], np.uint64),
+        ]
+    )
+    assert [_minimum_of_word(int(w)) for w in words] == _minima_of_words(words).tolist()
     vocab = 1000
     for key in (3, 2**64 - 5, root_key(1, [4])):
-        minima = v2_block_minima(key, 1 << 20, -(-vocab // V2_BLOCK))
-        row = v2_exponentials(key, 1 << 20, vocab)
-        got = [_v2_exponential_at(key, 1 << 20, t, minima) for t in range(vocab)]
+        stream = 1 << 20
+        minima, places = v2_block_minima(key, stream, -(-vocab // V2_BLOCK))
+        row = v2_exponentials(key, stream, vocab)
+        seed = v2_seed(key, stream, 0)
+        got = [
+            _v2_exponential_at(seed, t, float(minima[t // V2_BLOCK]), int(places[t // V2_BLOCK]))
+            for t in range(vocab)
+        ]
         assert got == row.tolist()
+        words = _block_words(key, stream, minima.size)
+        assert [_minimum_of_word(int(w)) for w in words] == minima.tolist()
+        # a fresh race per token (its block not drawn: the scalar minimum) and one race drawn
+        # block by block first (the array path) give the row's bits
+        assert [V2Race(key, stream, vocab).exponential(t) for t in range(0, vocab, 7)] == row[
+            ::7
+        ].tolist()
+        race = V2Race(key, stream, vocab)
+        race.block_exponentials(np.arange(minima.size), vocab)
+        assert [race.exponential(t) for t in range(vocab)] == row.tolist()
 
 
 def test_block_bounds_are_not_reused_for_a_changed_row() -> None:

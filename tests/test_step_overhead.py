@@ -3,6 +3,8 @@ values as their references, and a broken variant is rejected by the same checks.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -248,7 +250,34 @@ def test_a_single_winner_from_the_largest_logits_bound_is_the_reference(monkeypa
     monkeypatch.setattr(
         rv,
         "_blocks_below_top",
-        lambda race, x, bm, mx, t, bound: np.array([int(bm.argmax())]),
+        lambda race, x, bm, mx, t, bound: (np.array([int(bm.argmax())]), math.inf),
     )
+    wrong, _, _ = _top_first_against_references(6400, 240)
+    assert wrong > 0
+
+
+def test_tokens_left_out_of_a_draw_cannot_win(monkeypatch) -> None:
+    """The one draw keeps only the tokens whose score can be within the limit
+    (``race_v2.PRUNE_TOKENS``): the same winners and children as the references on fresh races,
+    with most tokens of the chosen blocks left out; a variant that leaves out tokens whose lower
+    bound is a tenth of the limit answers wrong tokens."""
+    from ersd import race_v2 as rv
+
+    assert rv.PRUNE_TOKENS
+    seen = {"kept": 0, "of": 0}
+    within = rv._scores_within
+
+    def counting(race, x, t, mx, blocks, limit):  # type: ignore[no-untyped-def]
+        out = within(race, x, t, mx, blocks, limit)
+        seen["kept"] += out[0].size
+        seen["of"] += rv._ids_of(blocks, x.shape[0]).size
+        return out
+
+    monkeypatch.setattr(rv, "_scores_within", counting)
+    wrong, answered, used = _top_first_against_references(6400, 240)
+    assert wrong == 0 and answered >= 0.97 * 2 * 240 and used >= 240
+    assert seen["kept"] < 0.2 * seen["of"]  # the draw left most tokens out
+    monkeypatch.setattr(rv, "_scores_within", within)
+    monkeypatch.setattr(rv, "_PRUNE_MARGIN", -0.9)
     wrong, _, _ = _top_first_against_references(6400, 240)
     assert wrong > 0

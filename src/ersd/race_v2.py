@@ -91,11 +91,20 @@ def _finish_words(x: np.ndarray, seed: int) -> np.ndarray:
     """splitmix64's output from ``(index + 1) * golden`` (``x``, modified in place) and state
     ``seed``: the seed added, then the three xor-shift / multiply rounds."""
     x += np.uint64(seed)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
+    return _mix_words(x)
+
+
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_MULTIPLIERS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _mix_words(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix64` of every word of ``x`` (uint64, modified in place and returned)."""
+    x ^= x >> _SHIFTS[0]
+    x *= _MULTIPLIERS[0]
+    x ^= x >> _SHIFTS[1]
+    x *= _MULTIPLIERS[1]
+    x ^= x >> _SHIFTS[2]
     return x
 
 
@@ -159,17 +168,21 @@ def _unit_log_scalar(u: float) -> float:
     return ef * _LN2_HI + (z * s + ef * _LN2_LO)
 
 
-def _v2_exponential_at(key: int, stream: int, token: int, minima: Minima) -> float:
-    """v2's ``E`` of one token (:func:`v2_exponentials_at`'s bits, in Python scalars)."""
-    m, a = minima
-    b = token // V2_BLOCK
-    mb = float(m[b])
-    if token - b * V2_BLOCK == int(a[b]):
+def _v2_exponential_at(token_seed: int, token: int, mb: float, place: int) -> float:
+    """v2's ``E`` of one token (:func:`v2_exponentials_at`'s bits, in Python scalars), given the
+    race's token seed and its block's minimum ``mb`` and the minimum's ``place`` in the block."""
+    if token % V2_BLOCK == place:
         return mb
-    x = (v2_seed(key, stream, _TAG_TOKEN) + (token + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    x = _mix64(x)
+    x = _mix64((token_seed + (token + 1) * 0x9E3779B97F4A7C15) & _MASK64)
     u = (float(x >> 11) + 1.0) * _U53
     return max(-_unit_log_scalar(u), 0.0) + mb
+
+
+def _minimum_of_word(word: int) -> float:
+    """:func:`_minima_of_words` of one block word in Python scalars: the same operations on the
+    same values, so the same bits (a single token's ``E`` needs no array pass)."""
+    u = (float(word >> 11) + 1.0) * _U53
+    return max(max(-_unit_log_scalar(u), 0.0) * (1.0 / V2_BLOCK), _TINY)
 
 
 def _exp_of_words(x: np.ndarray) -> np.ndarray:
@@ -215,7 +228,7 @@ def _block_words(key: int, stream: int, n_blocks: int) -> np.ndarray:
             0x9E3779B97F4A7C15
         )
         _STEPS[n_blocks] = steps
-    return _finish_words(steps.copy(), v2_seed(key, stream, _TAG_BLOCK))
+    return _mix_words(steps + np.uint64(v2_seed(key, stream, _TAG_BLOCK)))  # a new array
 
 
 #: bound the block minima from below by NumPy's ``log`` (one vectorised pass) instead of
@@ -280,15 +293,17 @@ def _block_bounds(p: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 class V2Race:
-    """One v2 race drawn lazily: its block minima, and ``E`` of the blocks drawn so far (kept,
-    so the drafter's and the target's races at one context draw each block once).  The buffer
-    is allocated whole but written only where blocks are drawn."""
+    """One v2 race drawn lazily: its block minima's lower bounds, and ``E`` of the tokens and
+    blocks drawn so far (kept, so the drafter's and the target's races at one context draw each
+    once).  The blocks' buffer is allocated whole on the first block drawn, and written only
+    where blocks are drawn."""
 
     __slots__ = (
         "_bounds",
         "_done",
         "_e",
         "_minima",
+        "_one",
         "_places",
         "_token_seed",
         "_words",
@@ -302,29 +317,37 @@ class V2Race:
         self.key, self.stream = int(key), stream
         self._words = _block_words(self.key, stream, n_blocks)
         self._token_seed = v2_seed(self.key, stream, _TAG_TOKEN)
-        self._places = _places_of_words(self._words)
+        self._places: np.ndarray | None = None  # where each block's minimum sits (on first use)
         self._minima: Minima | None = None
         #: a lower bound of each block's minimum (> 0): what the block bounds are made of
         self.lower = _minima_lower(self._words) if LOWER_BOUNDS else self.minima[0]
-        self._e = np.empty(n_blocks * V2_BLOCK)
-        self._done = np.zeros(n_blocks, dtype=bool)
+        self._e: np.ndarray | None = None  # E of the blocks drawn (allocated on the first)
+        self._done: np.ndarray | None = None  # which blocks are drawn
         self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
+        self._one: dict[int, float] = {}  # E of tokens drawn one by one (their blocks not drawn)
 
     @property
     def minima(self) -> Minima:
         """The exact :func:`v2_block_minima` of the race (computed on first read, kept)."""
         if self._minima is None:
-            self._minima = (_minima_of_words(self._words), self._places)
+            self._minima = (_minima_of_words(self._words), self.places)
         return self._minima
 
-    def _minima_at(self, blocks: np.ndarray) -> Minima:
-        """The exact minima and places at ``blocks`` only (the same bits as :attr:`minima`'s),
-        as arrays over all blocks where ``v2_exponentials_at`` reads them."""
-        if self._minima is not None:
-            return self._minima
-        m = np.empty(self._words.shape[0])
-        m[blocks] = _minima_of_words(self._words[blocks])
-        return m, self._places
+    @property
+    def token_seed(self) -> int:
+        """The splitmix64 state of the race's tokens (:func:`v2_seed`)."""
+        return self._token_seed
+
+    def block_words(self, blocks: np.ndarray) -> np.ndarray:
+        """The words of ``blocks``: their minima's uniforms (top 53 bits) and places (low 6)."""
+        return self._words[blocks]
+
+    @property
+    def places(self) -> np.ndarray:
+        """Where each block's minimum sits in its block (computed on first read, kept)."""
+        if self._places is None:
+            self._places = _places_of_words(self._words)
+        return self._places
 
     def bounds(self, probs: torch.Tensor, p: np.ndarray) -> np.ndarray:
         """:func:`_block_bounds` of ``p`` (the float64 host view of ``probs``), kept for the
@@ -340,6 +363,10 @@ class V2Race:
     def block_exponentials(self, blocks: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, E)`` over the tokens of ``blocks`` (ascending) below ``v``, ids ascending;
         the blocks not drawn yet are drawn (and kept)."""
+        if self._done is None:
+            self._e = np.empty(self._words.shape[0] * V2_BLOCK)
+            self._done = np.zeros(self._words.shape[0], dtype=bool)
+        assert self._e is not None
         todo = blocks[~self._done[blocks]]
         if todo.size:
             tid = (todo[:, None] * V2_BLOCK + _BLOCK_IDS).ravel()
@@ -354,7 +381,7 @@ class V2Race:
             # v2_exponentials_at's bits: E = -log U + M_b, and M_b itself at the block's place
             e = e.reshape(-1, V2_BLOCK)
             e += mb[:, None]
-            e[np.arange(todo.size), self._places[todo]] = mb
+            e[np.arange(todo.size), self.places[todo]] = mb
             self._e[tid] = e.ravel()
             self._done[todo] = True
         ids = _ids_of(blocks, v)
@@ -367,11 +394,25 @@ class V2Race:
             return ids, e / p[ids]
 
     def exponential(self, token: int) -> float:
-        """``E`` of one token (drawn alone if its block is not drawn yet)."""
+        """``E`` of one token (drawn alone, and kept, if its block is not drawn yet)."""
         b = token // V2_BLOCK
-        if self._done[b]:
-            return float(self._e[token])
-        return _v2_exponential_at(self.key, self.stream, token, self._minima_at(np.array([b])))
+        if self._done is not None and self._done[b]:
+            return float(self._e[token])  # type: ignore[index]
+        e = self._one.get(token)
+        if e is None:
+            word = int(self._words[b])
+            mb = _minimum_of_word(word) if self._minima is None else float(self._minima[0][b])
+            e = _v2_exponential_at(self._token_seed, token, mb, word & (V2_BLOCK - 1))
+            self._one[token] = e
+        return e
+
+    def exponentials(self, ids: np.ndarray, v: int) -> np.ndarray:
+        """``E`` at the token ids ``ids`` (ascending, below ``v``): up to :data:`ONE_BY_ONE` of
+        them one by one (:meth:`exponential`), more by drawing their blocks whole."""
+        if ids.size > ONE_BY_ONE:
+            self.block_exponentials(np.unique(ids // V2_BLOCK), v)
+            return self._e[ids]  # type: ignore[index]
+        return np.array([self.exponential(i) for i in ids.tolist()], dtype=np.float64)
 
 
 _BLOCK_IDS = np.arange(V2_BLOCK)
@@ -512,13 +553,16 @@ TOP_BLOCKS = 64
 
 def _blocks_below_top(
     race: V2Race, x: np.ndarray, bm: np.ndarray, mx: float, t: float, bound: np.ndarray
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, float] | None:
     """The blocks that can hold a token scoring within ``LOGIT_GAP`` of the row's largest logit's
     token (the first one): every block whose bound is within the gap of that token's score.  The
     winner scores at most that, so every other block's bound is above the winner's score by more
     than the gap (what the rounds of :func:`_best_blocks` stop at) and one draw finds it.  None
     when that token's weight is not 1 (a partial last block, or ``x / t`` not ``mx`` in float64)
-    or more than :data:`TOP_BLOCKS` blocks qualify (a flat row: the rounds may stop sooner)."""
+    or more than :data:`TOP_BLOCKS` blocks qualify (a flat row: the rounds may stop sooner).
+    Returns those blocks and the score limit they were chosen by (the token's score, widened by
+    the gap): every token outside them, and every token :func:`_scores_within` leaves out of
+    them, scores above it."""
     b = int(bm.argmax())
     lo = b * V2_BLOCK
     if lo + V2_BLOCK > x.shape[0]:
@@ -529,9 +573,48 @@ def _blocks_below_top(
         d /= t
     if d - mx != 0.0:
         return None
-    top = race.exponential(j)  # its score: E / exp(0)
-    blocks = np.flatnonzero(bound <= top * (1.0 + LOGIT_GAP))
-    return blocks if blocks.size <= TOP_BLOCKS else None
+    limit = race.exponential(j) * (1.0 + LOGIT_GAP)  # its score is E / exp(0), widened
+    blocks = np.flatnonzero(bound <= limit)
+    return (blocks, limit) if blocks.size <= TOP_BLOCKS else None
+
+
+#: draw only the tokens of the chosen blocks whose score can be within the limit
+#: (:func:`_scores_within`) instead of the blocks whole; False: whole blocks (the reference
+#: ``research/profile_batch.py --compare-tokens`` compares with; the same tokens and ranks)
+PRUNE_TOKENS = True
+#: the most tokens :meth:`V2Race.exponentials` draws one by one (Python floats, ~5 us each);
+#: beyond, their blocks are drawn whole (NumPy, ~30 passes over 64 entries a block)
+ONE_BY_ONE = 16
+#: the relative margin by which a left-out token's lower bound exceeds the limit (2^-40: the
+#: products and divisions involved round by a few 2^-53; see :func:`_scores_within`)
+_PRUNE_MARGIN = 2.0**-40
+
+
+def _scores_within(
+    race: V2Race, x: np.ndarray, t: float, mx: float, blocks: np.ndarray, limit: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, E / w, x / t - max / t)`` over the tokens of ``blocks`` (ascending) whose score
+    ``E / w`` (``w = exp(x / t - max / t)``) can be at most ``limit``; every token left out scores
+    above it.  A token's ``E`` is at least its block's lower bound ``L`` (:attr:`V2Race.lower`),
+    so it is left out where ``L > limit (1 + 2^-40) w`` (rounded: at least ``limit w (1 +
+    2^-41)`` exactly), and its score, computed as ``E / w`` from the same ``w``, is then above
+    ``limit``; the tokens kept have the very scores a whole-block draw gives them (the same ``d``
+    and ``w``).  With :data:`PRUNE_TOKENS` off, every token of the blocks (the reference)."""
+    v = x.shape[0]
+    ids, e = race.block_exponentials(blocks, v) if not PRUNE_TOKENS else (_ids_of(blocks, v), None)
+    d = x[ids].astype(np.float64)
+    if t != 1.0:
+        d /= t
+    d -= mx
+    with np.errstate(divide="ignore", under="ignore", over="ignore"):
+        w = np.exp(d)
+        if PRUNE_TOKENS:
+            keep = np.flatnonzero(
+                race.lower[ids // V2_BLOCK] <= (limit * (1.0 + _PRUNE_MARGIN)) * w
+            )
+            ids, d, w = ids[keep], d[keep], w[keep]
+            e = race.exponentials(ids, v)
+        return ids, e / w, d
 
 
 def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float) -> int | None:
@@ -555,20 +638,24 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     top = _blocks_below_top(race, x, bm, mx, t, bound) if TOP_FIRST else None
     n = 4
     while True:
-        if top is not None:  # one draw: every other block is beyond the gap (the helper)
-            blocks, beyond = top, math.inf
-        elif n >= n_blocks:
-            blocks, beyond = np.arange(n_blocks), math.inf
+        if top is not None:  # one draw: every other token scores beyond the limit (the helpers)
+            ids, sc, d = _scores_within(race, x, t, mx, *top)
+            if not ids.size:
+                return None  # cannot happen (the largest logit's token is kept): the reference
+            beyond = math.inf
         else:
-            part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
-            blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
-        ids, e = race.block_exponentials(blocks, v)
-        d = x[ids].astype(np.float64)
-        if t != 1.0:
-            d /= t
-        d -= mx
-        with np.errstate(divide="ignore", under="ignore"):
-            sc = e / np.exp(d)
+            if n >= n_blocks:
+                blocks, beyond = np.arange(n_blocks), math.inf
+            else:
+                part = np.argpartition(bound, n)  # the n smallest bounds first, the next at n
+                blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
+            ids, e = race.block_exponentials(blocks, v)
+            d = x[ids].astype(np.float64)
+            if t != 1.0:
+                d /= t
+            d -= mx
+            with np.errstate(divide="ignore", under="ignore"):
+                sc = e / np.exp(d)
         j = int(sc.argmin())
         best = float(sc[j])
         if not math.isfinite(best):
@@ -676,14 +763,18 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
     )
     n = 4
     while True:
-        if top is not None:  # one draw: every other block is beyond the gap (the helper)
-            blocks, beyond = top, math.inf
-        elif n >= n_blocks:
-            blocks, beyond = np.arange(n_blocks), math.inf
+        if top is not None:  # one draw: every other token scores beyond the limit (the helpers)
+            ids, sc, d = _scores_within(race, row.x, row.t, row.mx, *top)
+            if not ids.size:
+                return None  # cannot happen (the largest logit's token is kept): the reference
+            beyond = math.inf
         else:
-            part = np.argpartition(bound, n)  # the n smallest bounds first, the next one at n
-            blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
-        ids, sc, d = row.scores(race, blocks)
+            if n >= n_blocks:
+                blocks, beyond = np.arange(n_blocks), math.inf
+            else:
+                part = np.argpartition(bound, n)  # the n smallest bounds first, the next at n
+                blocks, beyond = np.sort(part[:n]), float(bound[part[n]])
+            ids, sc, d = row.scores(race, blocks)
         if m == 1:
             limit = float(sc.min())
         else:
@@ -729,8 +820,63 @@ def v2_rank_from_logits(race: V2Race, row: LogitRow, token: int) -> int | None:
     if not math.isfinite(s) or not _no_subnormal_below(race, v, s):
         return None
     hi = s * (1.0 + LOGIT_GAP)
-    _, sc, _ = row.scores(race, np.flatnonzero(row.bound(race) <= hi))
+    blocks = np.flatnonzero(row.bound(race) <= hi)
     lo = s * (1.0 - LOGIT_GAP)
+    if (
+        ROUGH_RANKS
+    ):  # the tokens that can score below hi, their scores within _ROUGH (the rest above)
+        sc = _rough_scores_within(race, row, blocks, hi)
+        lo, hi = lo * (1.0 - _ROUGH), hi * (1.0 + _ROUGH)
+    else:
+        _, sc, _ = _scores_within(race, row.x, row.t, row.mx, blocks, hi)  # the rest above hi
     if int(np.count_nonzero((sc >= lo) & (sc <= hi))) != 1:
         return None  # another token within the gap (the token itself is the one)
     return int(np.count_nonzero(sc < lo)) + 1
+
+
+#: count a rank from scores within a relative :data:`_ROUGH` of the exact ones (NumPy's ``log``
+#: instead of :func:`unit_log`'s ~25 passes) where more than :data:`ONE_BY_ONE` tokens can score
+#: below it; False: the exact scores (the reference ``research/profile_batch.py
+#: --compare-prune`` compares with; the same ranks)
+ROUGH_RANKS = True
+#: how far a rough score may be from the exact one, relatively: NumPy's ``log`` and
+#: :func:`unit_log` are each within a few ulps (2^-50) of ``log``; the window it widens is
+#: LOGIT_GAP = 2^-36 wide, so a token the exact scores would count the same way is never moved
+_ROUGH = 2.0**-40
+
+
+def _rough_scores_within(
+    race: V2Race, row: LogitRow, blocks: np.ndarray, limit: float
+) -> np.ndarray:
+    """The scores of the tokens of ``blocks`` that can score at most ``limit`` (the others score
+    above it: :func:`_scores_within`'s test), each within a relative :data:`_ROUGH` of its exact
+    score: the exact ones where at most :data:`ONE_BY_ONE` tokens qualify, else ``E`` from NumPy's
+    ``log`` (the same uniforms and block minima's places, the same ``w``)."""
+    v = row.x.shape[0]
+    ids = _ids_of(blocks, v)
+    d = row.shifted(ids)
+    with np.errstate(divide="ignore", under="ignore", over="ignore"):
+        w = np.exp(d)
+        keep = np.flatnonzero(race.lower[ids // V2_BLOCK] <= (limit * (1.0 + _PRUNE_MARGIN)) * w)
+        ids, w = ids[keep], w[keep]
+        if ids.size <= ONE_BY_ONE:
+            return race.exponentials(ids, v) / w
+        words = race.block_words(ids // V2_BLOCK)
+        m = _rough_log_of_words(words)  # each token's block minimum: -log U_b / 64
+        m *= -1.0 / V2_BLOCK
+        np.maximum(m, _TINY, out=m)
+        e = _rough_log_of_words(v2_words(race.token_seed, ids))
+        np.negative(e, out=e)
+        np.maximum(e, 0.0, out=e)
+        e += m
+        at = np.flatnonzero(ids % V2_BLOCK == (words & np.uint64(V2_BLOCK - 1)))
+        e[at] = m[at]  # the block's minimum itself
+        return e / w
+
+
+def _rough_log_of_words(x: np.ndarray) -> np.ndarray:
+    """NumPy's ``log(U)``, ``U = (top 53 bits + 1) / 2^53`` (a few ulps from :func:`unit_log`'s)."""
+    u = (x >> np.uint64(11)).astype(np.float64)
+    u += 1.0
+    u *= _U53
+    return np.log(u, out=u)

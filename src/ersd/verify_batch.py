@@ -52,6 +52,12 @@ from ersd.race_v2 import v2_rank_from_logits
 FROM_LOGITS = True
 
 
+#: a drafted token's rank statistic read from the order it was drafted in
+#: (:attr:`ersd.methods.base.DraftLogits.ranked`) instead of counted; False: counted (the
+#: reference ``research/profile_batch.py --compare-prune`` compares with; the same ranks)
+DRAFTED_RANKS = True
+
+
 def batches(rule: Method) -> bool:
     """Whether :func:`verify_many` verifies ``rule``: ERSD with its own node rules."""
     cls: Any = type(rule)
@@ -267,12 +273,16 @@ def _lazy_winners(
 
 
 def _lazy_rank(rule: ERSD, noise: RaceNoise, tree: DraftTree, ctx: int, key: int, y: int) -> int:
-    """:meth:`ERSD.rank` of the target's winner ``y`` under v2: counted from the draft's logits
-    where the drafter kept them (:class:`~ersd.methods.base.DraftLogits`, sharpness 1) and
-    rounding cannot decide (:func:`ersd.race_v2.v2_rank_from_logits`), else over ``q``."""
+    """:meth:`ERSD.rank` of the target's winner ``y`` under v2: where the drafter kept its logits
+    (:class:`~ersd.methods.base.DraftLogits`, sharpness 1), a drafted ``y``'s place in the order
+    it was drafted in (:attr:`~ersd.methods.base.DraftLogits.ranked`), else counted from the
+    logits where rounding cannot decide (:func:`ersd.race_v2.v2_rank_from_logits`); else over
+    ``q``."""
     probs = tree.draft_probs
     held = probs.pending(ctx) if isinstance(probs, DraftProbs) else None
     if held is not None and rule.draft_sharpness == 1.0 and held.intact():
+        if DRAFTED_RANKS and y in held.ranked:  # a drafted token: its place in the strict order
+            return held.ranked.index(y) + 1
         r = v2_rank_from_logits(noise.lazy_race(key, STREAM_RACE), held.row, y)
         if r is not None:
             return r

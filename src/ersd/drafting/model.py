@@ -56,6 +56,23 @@ BEYOND_RANKS = 8
 FROM_LOGITS = True
 
 
+#: set up the v2 race of each context the drafter will draft below (its block words and bounds,
+#: ~20 NumPy passes over the 2,374 blocks of a 152k vocabulary) *before* the draft forward that
+#: scores that context, while the interpreter's and NumPy's caches are warm from the race just
+#: run, instead of right after the forward has evicted them (at batch 1 the same work costs about
+#: twice as much there).  False: on first use (the reference ``research/profile_batch.py
+#: --compare-prepare`` compares with; the same tokens: a race is a function of its key)
+PREPARE_RACES = True
+
+
+def prepare_races(keys: Sequence[int], rule: Method, noise: RaceNoise) -> None:
+    """Create (and cache) the lazy v2 races at ``keys`` where :func:`draft_from_logits` will use
+    them (ERSD's own drafting rule under race scheme v2); nothing otherwise."""
+    if PREPARE_RACES and FROM_LOGITS and noise.lazy() and _plain_ersd(rule):
+        for key in keys:
+            noise.lazy_race(key, STREAM_RACE)
+
+
 def _plain_ersd(rule: Method) -> bool:
     """ERSD with its own drafting rule and draft race at sharpness 1: its children are the top
     ranks of the race over ``q`` itself."""
@@ -98,7 +115,7 @@ def draft_from_logits(
     toks = v2_ranking_from_logits(noise.lazy_race(key, STREAM_RACE), row, num_children)
     if toks is None:
         return None
-    return toks, DraftLogits(logits, params, row)
+    return toks, DraftLogits(logits, params, row, ranked=toks)
 
 
 def check_stop(stop: Any) -> float | None:
@@ -243,6 +260,7 @@ class ModelDraftSession:
         """
         tree = DraftTree.empty(key)
         fed = {DraftTree.ROOT: -1}
+        prepare_races([key], rule, noise)  # the root's race, before the root's forward
         chain = [int(t) for t in guess][: max(shape.depth - 1, 0)] if shape.is_chain else []
         rows = yield chain, list(range(-1, len(chain) - 1))
         guessed = rows  # row 1 + d: the draft's logits below guess[: d + 1]
@@ -269,6 +287,7 @@ class ModelDraftSession:
                     on_guess += 1
                     continue
                 on_guess = None
+            prepare_races([tree.keys[c] for _, c in grown], rule, noise)  # before their forward
             rows = yield (
                 [tree.token_ending(c) for _, c in grown],
                 [fed[tree.parent_context(c)] for _, c in grown],

@@ -87,12 +87,24 @@ class DraftLogits:
     :class:`ersd.race_v2.LogitRow`).  :meth:`probs` is :func:`ersd.probs.logits_to_probs` of the
     logits, the bits an eager drafter stores; :class:`DraftProbs` calls it on the first read.
     The logits must not be overwritten in place meanwhile (no backend does: every ``score``
-    call returns new rows); a torch in-place write is detected and refused."""
+    call returns new rows); a torch in-place write is detected and refused.
 
-    __slots__ = ("_version", "logits", "params", "row")
+    ``ranked``: the tokens drafted there, best first, as
+    :func:`ersd.race_v2.v2_ranking_from_logits` answered them: each scores strictly below the
+    next and below every other token (it answers only then), so the ``i``-th has race rank
+    ``i + 1`` and verification reads that rank without counting."""
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams, row: LogitRow) -> None:
+    __slots__ = ("_version", "logits", "params", "ranked", "row")
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        row: LogitRow,
+        ranked: Sequence[int] = (),
+    ) -> None:
         self.logits, self.params, self.row = logits, params, row
+        self.ranked = tuple(ranked)
         self._version = logits._version
 
     def intact(self) -> bool:

@@ -29,6 +29,9 @@ session against the code before them (exact minima, the torch cast, ``isinstance
 runtime protocol).  ``--compare-kept`` (the
 same, for the block maxima kept from the finiteness check, :data:`ersd.blockmax.ENABLED`, and a
 single winner drawn in one pass from the largest logit's bound, :data:`ersd.race_v2.TOP_FIRST`).
+``--compare-prune`` (the same, for the fifth pass: :data:`ersd.race_v2.PRUNE_TOKENS`,
+:data:`~ersd.race_v2.FEW_IN_PYTHON`, :data:`~ersd.race_v2.ROUGH_RANKS`,
+:data:`ersd.drafting.model.PREPARE_RACES`, :data:`ersd.verify_batch.DRAFTED_RANKS`).
 ``--cpu-time`` times
 everything, the forwards included, by this process's CPU time (a loaded host); ``--target
 synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
@@ -41,6 +44,7 @@ the forwards alone, for development).  Run alone:
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-draft --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-cuts --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-kept --repeats 6
+    python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-prune --repeats 6
 """
 
 from __future__ import annotations
@@ -217,11 +221,22 @@ def _set_kept(fast: bool) -> None:
     blockmax.ENABLED = race_v2.TOP_FIRST = fast
 
 
+def _set_prune(fast: bool) -> None:
+    """``--compare-prune``: the fifth pass's cuts (the one draw's tokens pruned by their lower
+    bounds and decided in Python floats, races set up before the draft forward, drafted tokens'
+    ranks read from the drafted order, other ranks from rough scores) on (``fast``) or off."""
+    race_v2.PRUNE_TOKENS = race_v2.FEW_IN_PYTHON = race_v2.ROUGH_RANKS = fast
+    drafting_model.PREPARE_RACES = verify_batch.DRAFTED_RANKS = fast
+
+
 def _set_logit_paths(args, fast: bool) -> None:
     """Switch what the comparison compares: the target's winners from its logits
     (``--compare-logits``) or the drafter's race from its logits (``--compare-draft``; the
     target's winners from its logits on both sides)."""
-    if args.compare_kept:
+    if args.compare_prune:
+        drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = True
+        _set_prune(fast)
+    elif args.compare_kept:
         drafting_model.FROM_LOGITS = verify_batch.FROM_LOGITS = True
         _set_kept(fast)
     elif args.compare_cuts:
@@ -259,6 +274,7 @@ def compare_logits(target, draft, prompts, args) -> None:
                         verify_batch.FROM_LOGITS = drafting_model.FROM_LOGITS = True
                         _set_cuts(True)
                         _set_kept(True)
+                        _set_prune(True)
                     name = "new" if fast else "before"
                     runs[name].append(r)
                     print(
@@ -271,7 +287,9 @@ def compare_logits(target, draft, prompts, args) -> None:
             same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
             row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
             row["compares"] = (
-                "kept"
+                "prune"
+                if args.compare_prune
+                else "kept"
                 if args.compare_kept
                 else "cuts"
                 if args.compare_cuts
@@ -364,6 +382,12 @@ def main() -> None:
         "against the code before them",
     )
     ap.add_argument(
+        "--compare-prune",
+        action="store_true",
+        help="the fifth pass (pruned one draw in Python floats, races set up before the draft "
+        "forward, drafted and rough ranks) against the code before it",
+    )
+    ap.add_argument(
         "--scheme",
         default=None,
         help="the race scheme (default: v2 with --compare-logits, else v1)",
@@ -387,6 +411,7 @@ def main() -> None:
         or args.compare_all
         or args.compare_cuts
         or args.compare_kept
+        or args.compare_prune
     )
     args.scheme = args.scheme or ("v2" if args.compare_logits else "v1")
     if args.cpu_time:

@@ -250,7 +250,7 @@ def test_a_single_winner_from_the_largest_logits_bound_is_the_reference(monkeypa
     monkeypatch.setattr(
         rv,
         "_blocks_below_top",
-        lambda race, x, bm, mx, t, bound: (np.array([int(bm.argmax())]), math.inf),
+        lambda race, x, b, mx, t, bound: (np.array([b]), math.inf),
     )
     wrong, _, _ = _top_first_against_references(6400, 240)
     assert wrong > 0
@@ -259,12 +259,13 @@ def test_a_single_winner_from_the_largest_logits_bound_is_the_reference(monkeypa
 def test_tokens_left_out_of_a_draw_cannot_win(monkeypatch) -> None:
     """The one draw keeps only the tokens whose score can be within the limit
     (``race_v2.PRUNE_TOKENS``): the same winners and children as the references on fresh races,
-    with most tokens of the chosen blocks left out; a variant that leaves out tokens whose lower
-    bound is a tenth of the limit answers wrong tokens."""
+    with most tokens of the chosen blocks left out, mostly decided in Python floats
+    (``race_v2.FEW_IN_PYTHON``; the arrays give the same answers); a variant that leaves out
+    tokens whose lower bound is a tenth of the limit answers wrong tokens."""
     from ersd import race_v2 as rv
 
     assert rv.PRUNE_TOKENS
-    seen = {"kept": 0, "of": 0}
+    seen = {"kept": 0, "of": 0, "few": 0}
     within = rv._scores_within
 
     def counting(race, x, t, mx, blocks, limit):  # type: ignore[no-untyped-def]
@@ -273,11 +274,27 @@ def test_tokens_left_out_of_a_draw_cannot_win(monkeypatch) -> None:
         seen["of"] += rv._ids_of(blocks, x.shape[0]).size
         return out
 
+    few = rv._few_within
+
+    def counting_few(race, x, t, mx, blocks, limit):  # type: ignore[no-untyped-def]
+        out = few(race, x, t, mx, blocks, limit)
+        if out is not None:
+            seen["few"] += 1
+            seen["kept"] += len(out)
+            seen["of"] += rv._ids_of(blocks, x.shape[0]).size
+        return out
+
     monkeypatch.setattr(rv, "_scores_within", counting)
+    monkeypatch.setattr(rv, "_few_within", counting_few)
     wrong, answered, used = _top_first_against_references(6400, 240)
     assert wrong == 0 and answered >= 0.97 * 2 * 240 and used >= 240
     assert seen["kept"] < 0.2 * seen["of"]  # the draw left most tokens out
+    assert seen["few"] >= 240  # most answers came from the candidates in Python floats
+    monkeypatch.setattr(rv, "FEW_IN_PYTHON", False)  # the arrays alone: the same answers
+    assert _top_first_against_references(6400, 240)[:2] == (0, answered)
+    monkeypatch.setattr(rv, "FEW_IN_PYTHON", True)
     monkeypatch.setattr(rv, "_scores_within", within)
+    monkeypatch.setattr(rv, "_few_within", few)
     monkeypatch.setattr(rv, "_PRUNE_MARGIN", -0.9)
     wrong, _, _ = _top_first_against_references(6400, 240)
     assert wrong > 0

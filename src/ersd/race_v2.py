@@ -302,6 +302,7 @@ class V2Race:
         "_bounds",
         "_done",
         "_e",
+        "_lower_min",
         "_minima",
         "_one",
         "_places",
@@ -321,6 +322,7 @@ class V2Race:
         self._minima: Minima | None = None
         #: a lower bound of each block's minimum (> 0): what the block bounds are made of
         self.lower = _minima_lower(self._words) if LOWER_BOUNDS else self.minima[0]
+        self._lower_min: float | None = None
         self._e: np.ndarray | None = None  # E of the blocks drawn (allocated on the first)
         self._done: np.ndarray | None = None  # which blocks are drawn
         self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
@@ -332,6 +334,13 @@ class V2Race:
         if self._minima is None:
             self._minima = (_minima_of_words(self._words), self.places)
         return self._minima
+
+    @property
+    def lower_min(self) -> float:
+        """The smallest of :attr:`lower` (computed on first read, kept)."""
+        if self._lower_min is None:
+            self._lower_min = float(self.lower.min())
+        return self._lower_min
 
     @property
     def token_seed(self) -> int:
@@ -552,10 +561,11 @@ TOP_BLOCKS = 64
 
 
 def _blocks_below_top(
-    race: V2Race, x: np.ndarray, bm: np.ndarray, mx: float, t: float, bound: np.ndarray
+    race: V2Race, x: np.ndarray, b: int, mx: float, t: float, bound: np.ndarray
 ) -> tuple[np.ndarray, float] | None:
     """The blocks that can hold a token scoring within ``LOGIT_GAP`` of the row's largest logit's
-    token (the first one): every block whose bound is within the gap of that token's score.  The
+    token (the first one, in block ``b``, the first block holding the largest logit): every block
+    whose bound is within the gap of that token's score.  The
     winner scores at most that, so every other block's bound is above the winner's score by more
     than the gap (what the rounds of :func:`_best_blocks` stop at) and one draw finds it.  None
     when that token's weight is not 1 (a partial last block, or ``x / t`` not ``mx`` in float64)
@@ -563,7 +573,6 @@ def _blocks_below_top(
     Returns those blocks and the score limit they were chosen by (the token's score, widened by
     the gap): every token outside them, and every token :func:`_scores_within` leaves out of
     them, scores above it."""
-    b = int(bm.argmax())
     lo = b * V2_BLOCK
     if lo + V2_BLOCK > x.shape[0]:
         return None
@@ -617,6 +626,47 @@ def _scores_within(
         return ids, e / w, d
 
 
+#: find a single winner among few candidates in Python floats (:func:`_few_within`) instead of
+#: NumPy arrays: the same scores (IEEE division either way), order and checks; False: the arrays
+#: (the reference ``research/profile_batch.py --compare-prune`` compares with; the same tokens)
+FEW_IN_PYTHON = True
+
+
+def _few_within(
+    race: V2Race, x: np.ndarray, t: float, mx: float, blocks: np.ndarray, limit: float
+) -> list[tuple[float, int, float]] | None:
+    """:func:`_scores_within`'s tokens as ``(score, id, x / t - max / t)`` in Python floats,
+    sorted by score, then id (the first minimum first, as ``argmin``), the same floats; None
+    where more than :data:`ONE_BY_ONE` tokens are kept, :data:`PRUNE_TOKENS` or
+    :data:`FEW_IN_PYTHON` is off, or the best score is not finite (the caller's arrays)."""
+    if not (PRUNE_TOKENS and FEW_IN_PYTHON):
+        return None
+    v = x.shape[0]
+    first = int(blocks[0]) * V2_BLOCK
+    if blocks.size == 1:  # one block: a slice, and its one lower bound
+        ids = None
+        d = x[first : min(first + V2_BLOCK, v)].astype(np.float64)
+        low = race.lower[blocks[0]]
+    else:
+        ids = _ids_of(blocks, v)
+        d = x[ids].astype(np.float64)
+        low = race.lower[ids // V2_BLOCK]
+    if t != 1.0:
+        d /= t
+    d -= mx
+    with np.errstate(divide="ignore", under="ignore", over="ignore"):
+        w = np.exp(d)
+        keep = np.flatnonzero(low <= (limit * (1.0 + _PRUNE_MARGIN)) * w)
+    if keep.size > ONE_BY_ONE or not keep.size:
+        return None
+    out = []
+    for k in keep.tolist():
+        i = first + k if ids is None else int(ids[k])
+        out.append((race.exponential(i) / float(w[k]), i, float(d[k])))
+    out.sort()
+    return out if math.isfinite(out[0][0]) else None
+
+
 def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float) -> int | None:
     """The winner of ``race`` over ``p = softmax(logits / temperature)`` as
     :func:`ersd.probs.logits_to_probs` computes it in float64 (no top-k, top-p or min-p), found
@@ -628,14 +678,26 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     bm = logit_block_max(logits)
     if t != 1.0:
         bm = bm / t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
-    mx = float(bm.max())
+    b = int(bm.argmax())
+    mx = float(bm[b])  # bm.max(): NaN where there is one (argmax finds the first)
     if not math.isfinite(mx):
         return None  # NaN or +inf logits: the reference path says what is wrong
     with np.errstate(divide="ignore", under="ignore"):
         bound = race.lower / np.exp(bm - mx)
     x = _host_logits(logits)
     n_blocks = bound.size
-    top = _blocks_below_top(race, x, bm, mx, t, bound) if TOP_FIRST else None
+    top = _blocks_below_top(race, x, b, mx, t, bound) if TOP_FIRST else None
+    few = _few_within(race, x, t, mx, *top) if top is not None else None
+    if few:  # the candidates in Python floats: the same scores, order and checks as below
+        best, winner, d_best = few[0]
+        limit = best * (1.0 + LOGIT_GAP)
+        if len(few) > 1 and few[1][0] <= limit:
+            return None  # a near-tie among the drawn tokens: rounding could decide it
+        if math.exp(d_best) < _MIN_WINNER_WEIGHT:
+            return None  # the winner's reference probability might not be a normal float
+        if race.lower_min / _SUBNORMAL <= 2.0 * v * best:
+            return None
+        return winner
     n = 4
     while True:
         if top is not None:  # one draw: every other token scores beyond the limit (the helpers)
@@ -670,7 +732,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
         return None  # the winner's reference probability might not be a normal float
     # a token whose reference probability is subnormal scores above M_min / 2^-1022, and the
     # winner's reference score is at most S best (1 + eta) with S <= v: it cannot win when
-    if float(race.lower.min()) / _SUBNORMAL <= 2.0 * v * best:
+    if race.lower_min / _SUBNORMAL <= 2.0 * v * best:
         return None
     return int(ids[j])
 
@@ -694,7 +756,7 @@ class LogitRow:
     (the softmax's shift, the same float64 value as :func:`ersd.probs.logits_to_probs`'s), and
     the block bounds of the last race asked about."""
 
-    __slots__ = ("_bound", "bm", "mx", "t", "x")
+    __slots__ = ("_bound", "bm", "mx", "t", "top_block", "x")
 
     def __init__(self, logits: torch.Tensor, temperature: float) -> None:
         self.t = float(temperature)
@@ -703,7 +765,8 @@ class LogitRow:
         if self.t != 1.0:
             bm = bm / self.t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
         self.bm = bm
-        self.mx = float(bm.max())
+        self.top_block = int(bm.argmax())  # the first block holding the largest logit
+        self.mx = float(bm[self.top_block])  # bm.max(): NaN where there is one
         self.x = _host_logits(logits)
         self._bound: tuple[tuple[int, int], np.ndarray] | None = None
 
@@ -743,7 +806,7 @@ def _no_subnormal_below(race: V2Race, v: int, score: float) -> bool:
     """No token whose reference probability is subnormal (or 0) can score below ``score`` (a
     logit-space score): such a token's reference score is at least ``M_min / 2^-1022``, and a
     token scoring ``score`` here scores at most ``v score (1 + eta)`` in the reference."""
-    return float(race.lower.min()) / _SUBNORMAL > 2.0 * v * score
+    return race.lower_min / _SUBNORMAL > 2.0 * v * score
 
 
 def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | None:
@@ -757,10 +820,20 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
     bound = row.bound(race)
     n_blocks = bound.size
     top = (
-        _blocks_below_top(race, row.x, row.bm, row.mx, row.t, bound)
+        _blocks_below_top(race, row.x, row.top_block, row.mx, row.t, bound)
         if m == 1 and TOP_FIRST
         else None
     )
+    few = _few_within(race, row.x, row.t, row.mx, *top) if top is not None else None
+    if few:  # the candidates in Python floats: the same scores, order and checks as below
+        best, token, d_best = few[0]
+        if len(few) > 1 and not few[1][0] > best * (1.0 + LOGIT_GAP):
+            return None  # a near-tie decides the order or the set
+        if float(np.exp(d_best)) < _MIN_WINNER_WEIGHT:
+            return None  # a proposed token's reference probability might not be a normal float
+        if not _no_subnormal_below(race, v, best):
+            return None
+        return [token]
     n = 4
     while True:
         if top is not None:  # one draw: every other token scores beyond the limit (the helpers)

@@ -322,7 +322,7 @@ class V2Race:
         self._minima: Minima | None = None
         #: a lower bound of each block's minimum (> 0): what the block bounds are made of
         self.lower = _minima_lower(self._words) if LOWER_BOUNDS else self.minima[0]
-        self._lower_min: float | None = None
+        self._lower_min = float(self.lower.min())  # every race's checks read it
         self._e: np.ndarray | None = None  # E of the blocks drawn (allocated on the first)
         self._done: np.ndarray | None = None  # which blocks are drawn
         self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
@@ -337,9 +337,7 @@ class V2Race:
 
     @property
     def lower_min(self) -> float:
-        """The smallest of :attr:`lower` (computed on first read, kept)."""
-        if self._lower_min is None:
-            self._lower_min = float(self.lower.min())
+        """The smallest of :attr:`lower`."""
         return self._lower_min
 
     @property

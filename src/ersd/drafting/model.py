@@ -75,15 +75,22 @@ def prepare_races(keys: Sequence[int], rule: Method, noise: RaceNoise) -> None:
 
 def _plain_ersd(rule: Method) -> bool:
     """ERSD with its own drafting rule and draft race at sharpness 1: its children are the top
-    ranks of the race over ``q`` itself."""
+    ranks of the race over ``q`` itself (by the rule's class and sharpness, remembered)."""
     cls: Any = type(rule)
-    return (
-        isinstance(rule, ERSD)
-        and cls.draft is ERSD.draft
-        and cls.race_probs is ERSD.race_probs
-        and cls.draft_children is Method.draft_children
-        and rule.draft_sharpness == 1.0
-    )
+    which = (cls, getattr(rule, "draft_sharpness", None))
+    known = _PLAIN.get(which)
+    if known is None:
+        known = _PLAIN[which] = (
+            isinstance(rule, ERSD)
+            and cls.draft is ERSD.draft
+            and cls.race_probs is ERSD.race_probs
+            and cls.draft_children is Method.draft_children
+            and rule.draft_sharpness == 1.0
+        )
+    return known
+
+
+_PLAIN: dict[tuple[type, object], bool] = {}
 
 
 def draft_from_logits(

@@ -587,7 +587,7 @@ def _blocks_below_top(
 
 #: draw only the tokens of the chosen blocks whose score can be within the limit
 #: (:func:`_scores_within`) instead of the blocks whole; False: whole blocks (the reference
-#: ``research/profile_batch.py --compare-tokens`` compares with; the same tokens and ranks)
+#: ``research/profile_batch.py --compare-prune`` compares with; the same tokens and ranks)
 PRUNE_TOKENS = True
 #: the most tokens :meth:`V2Race.exponentials` draws one by one (Python floats, ~5 us each);
 #: beyond, their blocks are drawn whole (NumPy, ~30 passes over 64 entries a block)

@@ -61,7 +61,7 @@ FROM_LOGITS = True
 #: scores that context, while the interpreter's and NumPy's caches are warm from the race just
 #: run, instead of right after the forward has evicted them (at batch 1 the same work costs about
 #: twice as much there).  False: on first use (the reference ``research/profile_batch.py
-#: --compare-prepare`` compares with; the same tokens: a race is a function of its key)
+#: --compare-prune`` compares with; the same tokens: a race is a function of its key)
 PREPARE_RACES = True
 
 

@@ -245,10 +245,7 @@ def _minima_lower(x: np.ndarray) -> np.ndarray:
     """A lower bound (> 0) of every block minimum :func:`_minima_of_words` gives for words
     ``x``, from NumPy's ``log`` shrunk by a relative ``_LOWER_MARGIN`` (tested against the
     exact minima, and the races with it against the full rows)."""
-    u = (x >> np.uint64(11)).astype(np.float64)
-    u += 1.0
-    u *= _U53  # the same U as _exp_of_words: (0, 1]
-    lo = np.log(u)
+    lo = _rough_log_of_words(x)  # the same U as _exp_of_words: (0, 1]
     lo *= -(1.0 - _LOWER_MARGIN) / V2_BLOCK  # -log U >= 0 (0 at U = 1)
     np.maximum(lo, _TINY / 2, out=lo)  # the exact minimum is at least _TINY
     return lo
@@ -302,7 +299,6 @@ class V2Race:
         "_bounds",
         "_done",
         "_e",
-        "_lower_min",
         "_minima",
         "_one",
         "_places",
@@ -310,6 +306,7 @@ class V2Race:
         "_words",
         "key",
         "lower",
+        "lower_min",
         "stream",
     )
 
@@ -322,7 +319,8 @@ class V2Race:
         self._minima: Minima | None = None
         #: a lower bound of each block's minimum (> 0): what the block bounds are made of
         self.lower = _minima_lower(self._words) if LOWER_BOUNDS else self.minima[0]
-        self._lower_min = float(self.lower.min())  # every race's checks read it
+        #: the smallest of :attr:`lower` (every race's subnormal check reads it)
+        self.lower_min = float(self.lower.min())
         self._e: np.ndarray | None = None  # E of the blocks drawn (allocated on the first)
         self._done: np.ndarray | None = None  # which blocks are drawn
         self._bounds: tuple[weakref.ref[torch.Tensor], int, np.ndarray] | None = None
@@ -334,11 +332,6 @@ class V2Race:
         if self._minima is None:
             self._minima = (_minima_of_words(self._words), self.places)
         return self._minima
-
-    @property
-    def lower_min(self) -> float:
-        """The smallest of :attr:`lower`."""
-        return self._lower_min
 
     @property
     def token_seed(self) -> int:
@@ -597,30 +590,53 @@ ONE_BY_ONE = 16
 _PRUNE_MARGIN = 2.0**-40
 
 
-def _scores_within(
+def _candidates(
     race: V2Race, x: np.ndarray, t: float, mx: float, blocks: np.ndarray, limit: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ids, E / w, x / t - max / t)`` over the tokens of ``blocks`` (ascending) whose score
-    ``E / w`` (``w = exp(x / t - max / t)``) can be at most ``limit``; every token left out scores
-    above it.  A token's ``E`` is at least its block's lower bound ``L`` (:attr:`V2Race.lower`),
-    so it is left out where ``L > limit (1 + 2^-40) w`` (rounded: at least ``limit w (1 +
-    2^-41)`` exactly), and its score, computed as ``E / w`` from the same ``w``, is then above
-    ``limit``; the tokens kept have the very scores a whole-block draw gives them (the same ``d``
-    and ``w``).  With :data:`PRUNE_TOKENS` off, every token of the blocks (the reference)."""
+    """``(ids, x / t - max / t, w)``, ``w = exp(x / t - max / t)``, of the tokens of ``blocks``
+    (ascending) whose score ``E / w`` can be at most ``limit``; every token left out scores above
+    it.  A token's ``E`` is at least its block's lower bound ``L`` (:attr:`V2Race.lower`), so it
+    is left out where ``L > limit (1 + 2^-40) w`` (rounded: at least ``limit w (1 + 2^-41)``
+    exactly), and its score, computed as ``E / w`` from the same ``w``, is then above ``limit``;
+    the tokens kept get the very ``d`` and ``w`` a whole-block draw gives them."""
     v = x.shape[0]
-    ids, e = race.block_exponentials(blocks, v) if not PRUNE_TOKENS else (_ids_of(blocks, v), None)
-    d = x[ids].astype(np.float64)
+    if blocks.size == 1:  # one block: a slice, and its one lower bound
+        first = int(blocks[0]) * V2_BLOCK
+        d = x[first : min(first + V2_BLOCK, v)].astype(np.float64)
+        low = race.lower[blocks[0]]
+    else:
+        ids = _ids_of(blocks, v)
+        d = x[ids].astype(np.float64)
+        low = race.lower[ids // V2_BLOCK]
     if t != 1.0:
         d /= t
     d -= mx
     with np.errstate(divide="ignore", under="ignore", over="ignore"):
         w = np.exp(d)
-        if PRUNE_TOKENS:
-            keep = np.flatnonzero(
-                race.lower[ids // V2_BLOCK] <= (limit * (1.0 + _PRUNE_MARGIN)) * w
-            )
-            ids, d, w = ids[keep], d[keep], w[keep]
-            e = race.exponentials(ids, v)
+        keep = np.flatnonzero(low <= (limit * (1.0 + _PRUNE_MARGIN)) * w)
+    return (keep + first if blocks.size == 1 else ids[keep]), d[keep], w[keep]
+
+
+def _scores_within(
+    race: V2Race, x: np.ndarray, t: float, mx: float, blocks: np.ndarray, limit: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, E / w, x / t - max / t)`` over the tokens of ``blocks`` (ascending) whose score
+    can be at most ``limit`` (:func:`_candidates`; every token left out scores above it), with
+    the very scores a whole-block draw gives them.  With :data:`PRUNE_TOKENS` off, every token of
+    the blocks (the reference)."""
+    v = x.shape[0]
+    if PRUNE_TOKENS:
+        ids, d, w = _candidates(race, x, t, mx, blocks, limit)
+        e = race.exponentials(ids, v)
+    else:
+        ids, e = race.block_exponentials(blocks, v)
+        d = x[ids].astype(np.float64)
+        if t != 1.0:
+            d /= t
+        d -= mx
+    with np.errstate(divide="ignore", under="ignore", over="ignore"):
+        if not PRUNE_TOKENS:
+            w = np.exp(d)
         return ids, e / w, d
 
 
@@ -639,28 +655,13 @@ def _few_within(
     :data:`FEW_IN_PYTHON` is off, or the best score is not finite (the caller's arrays)."""
     if not (PRUNE_TOKENS and FEW_IN_PYTHON):
         return None
-    v = x.shape[0]
-    first = int(blocks[0]) * V2_BLOCK
-    if blocks.size == 1:  # one block: a slice, and its one lower bound
-        ids = None
-        d = x[first : min(first + V2_BLOCK, v)].astype(np.float64)
-        low = race.lower[blocks[0]]
-    else:
-        ids = _ids_of(blocks, v)
-        d = x[ids].astype(np.float64)
-        low = race.lower[ids // V2_BLOCK]
-    if t != 1.0:
-        d /= t
-    d -= mx
-    with np.errstate(divide="ignore", under="ignore", over="ignore"):
-        w = np.exp(d)
-        keep = np.flatnonzero(low <= (limit * (1.0 + _PRUNE_MARGIN)) * w)
-    if keep.size > ONE_BY_ONE or not keep.size:
+    ids, d, w = _candidates(race, x, t, mx, blocks, limit)
+    if ids.size > ONE_BY_ONE or not ids.size:
         return None
-    out = []
-    for k in keep.tolist():
-        i = first + k if ids is None else int(ids[k])
-        out.append((race.exponential(i) / float(w[k]), i, float(d[k])))
+    out = [
+        (race.exponential(i) / wi, i, di)
+        for i, di, wi in zip(ids.tolist(), d.tolist(), w.tolist(), strict=True)
+    ]
     out.sort()
     return out if math.isfinite(out[0][0]) else None
 
@@ -824,12 +825,12 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
     )
     few = _few_within(race, row.x, row.t, row.mx, *top) if top is not None else None
     if few:  # the candidates in Python floats: the same scores, order and checks as below
-        best, token, d_best = few[0]
-        if len(few) > 1 and not few[1][0] > best * (1.0 + LOGIT_GAP):
+        score, token, d_best = few[0]
+        if len(few) > 1 and not few[1][0] > score * (1.0 + LOGIT_GAP):
             return None  # a near-tie decides the order or the set
         if float(np.exp(d_best)) < _MIN_WINNER_WEIGHT:
             return None  # a proposed token's reference probability might not be a normal float
-        if not _no_subnormal_below(race, v, best):
+        if not _no_subnormal_below(race, v, score):
             return None
         return [token]
     n = 4
@@ -864,14 +865,14 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
         order = part[np.lexsort((part, sc[part]))]  # by score, ties by id: a stable sort's order
     else:
         order = np.argsort(sc, kind="stable")[: m + 1]  # ids ascending: ties keep the lowest first
-    top = sc[order]
-    for i in range(min(m, top.size - 1)):
-        if not top[i + 1] > top[i] * (1.0 + LOGIT_GAP):
+    ordered = sc[order]
+    for i in range(min(m, ordered.size - 1)):
+        if not ordered[i + 1] > ordered[i] * (1.0 + LOGIT_GAP):
             return None  # a near-tie decides the order or the set
     best = order[:m]
     if float(np.exp(d[best]).min()) < _MIN_WINNER_WEIGHT:
         return None  # a proposed token's reference probability might not be a normal float
-    if not _no_subnormal_below(race, v, float(top[m - 1])):
+    if not _no_subnormal_below(race, v, float(ordered[m - 1])):
         return None
     return [int(i) for i in ids[best]]
 
@@ -893,9 +894,7 @@ def v2_rank_from_logits(race: V2Race, row: LogitRow, token: int) -> int | None:
     hi = s * (1.0 + LOGIT_GAP)
     blocks = np.flatnonzero(row.bound(race) <= hi)
     lo = s * (1.0 - LOGIT_GAP)
-    if (
-        ROUGH_RANKS
-    ):  # the tokens that can score below hi, their scores within _ROUGH (the rest above)
+    if ROUGH_RANKS:  # the tokens that can score below hi, scores within _ROUGH (the rest above)
         sc = _rough_scores_within(race, row, blocks, hi)
         lo, hi = lo * (1.0 - _ROUGH), hi * (1.0 + _ROUGH)
     else:
@@ -924,12 +923,8 @@ def _rough_scores_within(
     score: the exact ones where at most :data:`ONE_BY_ONE` tokens qualify, else ``E`` from NumPy's
     ``log`` (the same uniforms and block minima's places, the same ``w``)."""
     v = row.x.shape[0]
-    ids = _ids_of(blocks, v)
-    d = row.shifted(ids)
+    ids, _, w = _candidates(race, row.x, row.t, row.mx, blocks, limit)
     with np.errstate(divide="ignore", under="ignore", over="ignore"):
-        w = np.exp(d)
-        keep = np.flatnonzero(race.lower[ids // V2_BLOCK] <= (limit * (1.0 + _PRUNE_MARGIN)) * w)
-        ids, w = ids[keep], w[keep]
         if ids.size <= ONE_BY_ONE:
             return race.exponentials(ids, v) / w
         words = race.block_words(ids // V2_BLOCK)

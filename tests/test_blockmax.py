@@ -49,10 +49,25 @@ def test_kept_maxima_are_the_blockwise_reference(dtype: torch.dtype) -> None:
         np.testing.assert_array_equal(kept, _reference_block_max(rows[r]))
         assert not kept.flags.writeable  # shared by every reader: never written
         np.testing.assert_array_equal(logit_block_max(rows[r]), kept)
+        top = blockmax.lookup_top(rows[r])
+        assert top is not None and top[1] == int(np.argmax(_reference_block_max(rows[r])))
     # a slice of rows (a forward's new nodes) and a view through another path
     np.testing.assert_array_equal(blockmax.lookup(x[2, 1]), _reference_block_max(x[2, 1]))
     part = x[1, 1:3]
     assert blockmax._rows_of(part) is not None
+
+
+def test_the_kept_top_block_is_the_first_largest_and_the_first_nan() -> None:
+    """Each row's kept top block is the first holding its largest entry (what the races start
+    from), and the first holding a NaN where the row has one (what makes the row refused)."""
+    x = _logits((3, 640))
+    x[0, 130] = x[0, 5] = x[0].max() + 1.0  # a tie: blocks 0 and 2 hold the largest
+    x[1, 400] = x[1, 70] = float("nan")  # NaN in blocks 1 and 6: the first is 1
+    x[2, :] = float("-inf")
+    assert blockmax.all_finite(x) is False
+    got = [blockmax.lookup_top(x[r]) for r in range(3)]
+    assert [g[1] for g in got if g is not None] == [0, 1, 0]
+    assert blockmax.all_finite(x[:1]) is True and blockmax.all_finite(x[1:2]) is False
 
 
 def test_nothing_stale_or_foreign_is_answered() -> None:

@@ -18,6 +18,7 @@ cost.  The maxima are the same bits either way: a maximum is exact in its own dt
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -38,16 +39,27 @@ _DTYPES = (torch.float32, torch.float64)
 
 
 class _Kept:
-    __slots__ = ("maxima", "offset", "rows", "storage", "version", "vocab", "wide")
+    __slots__ = ("maxima", "offset", "rows", "storage", "top", "version", "vocab", "wide")
 
     def __init__(self, logits: torch.Tensor, maxima: torch.Tensor) -> None:
         self.storage = weakref.ref(logits.untyped_storage())
-        self.offset = logits.storage_offset()
+        self.offset = int(logits.storage_offset())
         self.vocab = int(logits.shape[-1])
         self.rows = logits.numel() // self.vocab
         self.version = logits._version
         self.maxima = maxima  # [rows, vocab // BLOCK], the logits' dtype
-        self.wide: np.ndarray | None = None  # the same, float64 and read-only (made on first use)
+        # the same, float64 and read-only: what the races read, and what the finiteness check
+        # decides by (one conversion for all of a forward's rows, while they are at hand)
+        self.wide = maxima.numpy().astype(np.float64)
+        self.wide.flags.writeable = False
+        #: each row's first block holding its largest entry (the first NaN where it has one)
+        self.top = self.wide.argmax(axis=1)
+
+    def finite(self) -> bool:
+        """Whether every row's largest entry is finite: no NaN, no +inf, not all -inf."""
+        if self.rows == 1:
+            return math.isfinite(self.wide[0, self.top[0]])
+        return bool(np.isfinite(np.take_along_axis(self.wide, self.top[:, None], 1)).all())
 
 
 _lock = threading.Lock()
@@ -57,13 +69,14 @@ _kept: OrderedDict[tuple[int, int], _Kept] = OrderedDict()  # (storage ptr, offs
 def applies(logits: torch.Tensor) -> bool:
     """Whether :func:`compute` handles ``logits``: a contiguous CPU float32 / float64 tensor
     whose last dimension is a positive multiple of :data:`BLOCK`."""
-    v = logits.shape[-1] if logits.dim() else 0
+    shape = logits.shape
+    v = shape[-1] if shape else 0
     return (
-        logits.device.type == "cpu"
+        logits.is_cpu
         and logits.dtype in _DTYPES
         and v > 0
         and v % BLOCK == 0
-        and logits.numel() > 0
+        and 0 not in shape
         and logits.is_contiguous()
     )
 
@@ -74,21 +87,41 @@ def compute(logits: torch.Tensor) -> torch.Tensor | None:
     :func:`applies` is false (nothing kept)."""
     if not ENABLED or not applies(logits):
         return None
-    logits = logits.detach()
+    if logits.requires_grad:
+        logits = logits.detach()
     v = logits.shape[-1]
-    maxima = logits.reshape(-1, v // BLOCK, BLOCK).amax(-1)
+    maxima = logits.view(-1, v // BLOCK, BLOCK).amax(-1)
     _remember(logits, maxima)
     return maxima
 
 
+def all_finite(logits: torch.Tensor) -> bool | None:
+    """Whether every row of ``logits`` is finite (no NaN or +inf entry, not only -inf), decided
+    from its block maxima (:func:`compute`, which keeps them); None where :func:`applies` is
+    false.  A row's largest block maximum is NaN or +inf where the row holds one, and -inf where
+    the row is all -inf: its first largest (``argmax`` finds the first NaN) decides."""
+    maxima = compute(logits)
+    if maxima is None:
+        return None
+    kept = _last
+    if kept is None or kept.maxima is not maxima:  # not what compute kept: decide from maxima
+        kept = _Kept(maxima, maxima)
+    return kept.finite()
+
+
+_last: _Kept | None = None  # the newest kept (all_finite reads it right after compute)
+
+
 def _remember(logits: torch.Tensor, maxima: torch.Tensor) -> None:
-    key = (logits.untyped_storage().data_ptr(), logits.storage_offset())
+    global _last
+    key = (logits.untyped_storage().data_ptr(), int(logits.storage_offset()))
     kept = _Kept(logits, maxima)
     with _lock:
         _kept[key] = kept
         _kept.move_to_end(key)
         while len(_kept) > KEEP:
             _kept.popitem(last=False)
+        _last = kept
 
 
 def _find(logits: torch.Tensor) -> tuple[_Kept, int, int] | None:
@@ -98,9 +131,18 @@ def _find(logits: torch.Tensor) -> tuple[_Kept, int, int] | None:
     if logits.dim() not in (1, 2) or not applies(logits):
         return None
     storage = logits.untyped_storage()
-    ptr, off, v = storage.data_ptr(), logits.storage_offset(), logits.shape[-1]
-    k = 1 if logits.dim() == 1 else logits.shape[0]
+    ptr, off, v = storage.data_ptr(), int(logits.storage_offset()), int(logits.shape[-1])
+    k = 1 if logits.dim() == 1 else int(logits.shape[0])
     with _lock:
+        kept = _kept.get((ptr, off))  # the first row of a forward's output (no search)
+        if (
+            kept is not None
+            and kept.storage() is storage
+            and kept.vocab == v
+            and k <= kept.rows
+            and logits._version == kept.version
+        ):
+            return kept, 0, k
         for (p, base), kept in reversed(_kept.items()):
             if p != ptr or kept.storage() is not storage or kept.vocab != v:
                 continue
@@ -123,14 +165,18 @@ def _rows_of(logits: torch.Tensor) -> torch.Tensor | None:
 def lookup(row: torch.Tensor) -> np.ndarray | None:
     """The kept block maxima of a 1-D row (float64, exact; a read-only view), or None when they
     are not known."""
+    found = lookup_top(row)
+    return None if found is None else found[0]
+
+
+def lookup_top(row: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """:func:`lookup`'s maxima and the first block holding the largest of them (``argmax``: the
+    first NaN where there is one), or None when they are not known."""
     found = _find(row) if ENABLED and row.dim() == 1 else None
     if found is None:
         return None
     kept, first, _ = found
-    if kept.wide is None:  # one conversion for all of a forward's rows
-        kept.wide = kept.maxima.numpy().astype(np.float64)
-        kept.wide.flags.writeable = False
-    return kept.wide[first]
+    return kept.wide[first], int(kept.top[first])
 
 
 def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -146,5 +192,7 @@ def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def clear() -> None:
     """Forget every kept maximum (tests)."""
+    global _last
     with _lock:
         _kept.clear()
+        _last = None

@@ -520,8 +520,24 @@ def logit_block_max(logits: torch.Tensor) -> np.ndarray:
     """Each block's largest logit (float64) of a 1-D CPU row of any float dtype (a maximum is
     exact in its own dtype, and every float dtype widens to float64 exactly)."""
     kept = blockmax.lookup(logits)  # computed with the backend's finiteness check
-    if kept is not None:
+    return kept if kept is not None else _read_block_max(logits)
+
+
+def _block_max_top(logits: torch.Tensor, t: float) -> tuple[np.ndarray, int]:
+    """:func:`logit_block_max` of a row divided by ``t`` (``max(x / t) = max(x) / t``: a
+    correctly rounded division is monotone) and the first block holding the largest (``argmax``:
+    the first NaN where there is one); at ``t = 1`` both as the finiteness check kept them."""
+    kept = blockmax.lookup_top(logits)
+    if kept is not None and t == 1.0:
         return kept
+    bm = kept[0] if kept is not None else _read_block_max(logits)
+    if t != 1.0:
+        bm = bm / t  # two maxima may round together: the first block holding the largest anew
+    return bm, int(bm.argmax())
+
+
+def _read_block_max(logits: torch.Tensor) -> np.ndarray:
+    """:func:`logit_block_max` read from the row itself."""
     v = logits.shape[0]
     full = v - v % V2_BLOCK
     if full == v and logits.dtype in (torch.float32, torch.float64):
@@ -674,10 +690,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     t = float(temperature)
     logits = logits.detach()
     v = logits.shape[0]
-    bm = logit_block_max(logits)
-    if t != 1.0:
-        bm = bm / t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
-    b = int(bm.argmax())
+    bm, b = _block_max_top(logits, t)
     mx = float(bm[b])  # bm.max(): NaN where there is one (argmax finds the first)
     if not math.isfinite(mx):
         return None  # NaN or +inf logits: the reference path says what is wrong
@@ -760,12 +773,9 @@ class LogitRow:
     def __init__(self, logits: torch.Tensor, temperature: float) -> None:
         self.t = float(temperature)
         logits = logits.detach()
-        bm = logit_block_max(logits)
-        if self.t != 1.0:
-            bm = bm / self.t  # max(x / t) = max(x) / t: a correctly rounded division is monotone
-        self.bm = bm
-        self.top_block = int(bm.argmax())  # the first block holding the largest logit
-        self.mx = float(bm[self.top_block])  # bm.max(): NaN where there is one
+        # the block maxima of x / t, and the first block holding the largest logit
+        self.bm, self.top_block = _block_max_top(logits, self.t)
+        self.mx = float(self.bm[self.top_block])  # bm.max(): NaN where there is one
         self.x = _host_logits(logits)
         self._bound: tuple[tuple[int, int], np.ndarray] | None = None
 

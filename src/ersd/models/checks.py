@@ -11,7 +11,6 @@ otherwise read each row again for them); elsewhere one sum (:func:`all_finite`).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ersd import blockmax
@@ -32,14 +31,10 @@ def all_finite(logits: torch.Tensor) -> bool:
 def check_scored_logits(logits: torch.Tensor, model: str, *, dtype: str | None = None) -> None:
     """Raise :class:`InvalidLogitsError` naming ``model`` when ``logits`` hold NaN, +inf or a row
     of only -inf (``dtype``: the weights' dtype, named in the repair advice)."""
-    maxima = blockmax.compute(logits)  # a CPU float row: its block maxima, kept for the races
-    if maxima is not None:
-        # a NaN or +inf entry makes its block's maximum so, a row of only -inf has only -inf ones
-        m = maxima.numpy()  # small ([rows, V / 64]): NumPy's sum, no torch threads to wake
-        with np.errstate(over="ignore", invalid="ignore"):
-            if np.isfinite(m.sum()) or np.isfinite(m).all():
-                return
-    elif all_finite(logits):  # the common case elsewhere: one reduction, one sync
+    # a CPU float row: decided from its block maxima (a NaN or +inf entry makes its block's
+    # maximum so, a row of only -inf has only -inf ones), which are kept for the races
+    finite = blockmax.all_finite(logits)
+    if finite or (finite is None and all_finite(logits)):  # elsewhere: one reduction, one sync
         return
     if bool(torch.isnan(logits).any()):
         what = "NaN"

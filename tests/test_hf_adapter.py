@@ -263,6 +263,35 @@ def test_vocab_size_is_the_logits_width() -> None:
     assert hm.vocab_size == V == hm.start([1]).score([], []).shape[1]
 
 
+def test_a_module_that_does_not_extend_the_cache_is_refused() -> None:
+    """The adapter checks that a forward extends the KV cache it is given, on the first forward
+    with each cache class (a property of the module's class and the transformers version, so not
+    on every forward): a module that fills a cache of its own is refused on its first score with
+    the reason named; the same module passing the cache on scores as before."""
+    from transformers import DynamicCache
+
+    class OwnCache(torch.nn.Module):
+        def __init__(self, inner: Any, keep: bool, name: str) -> None:
+            super().__init__()
+            self.inner, self.keep, self.config, self.name = inner, keep, inner.config, name
+
+        def forward(self, **kw: Any) -> Any:
+            if not self.keep:
+                kw[self.name] = DynamicCache()  # the cache the adapter gave is left empty
+            return self.inner(**kw)
+
+    for keep in (True, False):
+        hm = from_pretrained_model(tiny_model("llama", 0))
+        hm.hf_module = OwnCache(hm.hf_module, keep, hm._cache_kwarg)
+        session = hm.start([1, 2, 3])
+        if keep:
+            assert session.score([], []).shape == (1, V)
+            assert session.score([5], [-1]).shape == (2, V)  # the later forwards go unchecked
+        else:
+            with pytest.raises(RuntimeError, match="did not extend the KV cache"):
+                session.score([], [])  # the prompt's forward
+
+
 def test_bfloat16_tree_rows_are_close() -> None:
     model = tiny_model("llama", 0).to(torch.bfloat16)
     hm = from_pretrained_model(model)

@@ -140,6 +140,7 @@ class HFModel:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.forward_calls = 0  # scoring forwards (the adapter's own bookkeeping excluded)
         self.forward_seconds = 0.0  # seconds inside those forwards
+        self._cache_checked: set[type] = set()  # cache classes seen extended by a forward
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -251,8 +252,11 @@ class HFModel:
     ) -> torch.Tensor:
         """Logits of the last ``keep`` rows, ``[batch, keep, V]``; appends to ``cache``."""
         self.forward_calls += 1
+        # whether the module extends the cache it is given: a property of its class and the
+        # transformers version, so checked on the first forward of each cache class only
+        check = type(cache) not in self._cache_checked
         t0 = time.perf_counter()
-        before = cache.get_seq_length()
+        before = cache.get_seq_length() if check else 0
         out = self.hf_module(
             input_ids=ids,
             position_ids=positions,
@@ -262,12 +266,15 @@ class HFModel:
             **{self._cache_kwarg: cache},
         )
         self.forward_seconds += time.perf_counter() - t0
+        if not check:
+            return out.logits
         if cache.get_seq_length() != before + ids.shape[1]:
             raise RuntimeError(
                 f"{type(self.hf_module).__name__} did not extend the KV cache passed as "
                 f"{self._cache_kwarg}=; this transformers version is not supported by ersd's "
                 "adapter (use transformers >= 5.0)"
             )
+        self._cache_checked.add(type(cache))
         return out.logits
 
     def check_logits(self, logits: torch.Tensor) -> None:

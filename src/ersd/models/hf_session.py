@@ -73,7 +73,9 @@ class HFSession:
         self._ppar: list[int] = []
         self._pdepth: list[int] = []
         self._panc: list[list[int]] = []  # ancestors of each node, itself included, root first
-        self._prow: list[torch.Tensor] = []  # next-token logits of each node
+        # next-token logits of each node: (a forward's rows, the node's row in them), the row's
+        # view made only for the node a commit keeps (one view a step, not one a node)
+        self._prow: list[tuple[torch.Tensor, int]] = []
         self._mode = ""  # resolved lazily: "mask" or "paths"
         # set once scored in a batch: the cache then lives in the model's slot storage
         self._slot: SlotRef | None = None
@@ -198,7 +200,7 @@ class HFSession:
         self._ppar.extend(int(x) for x in parents)
         self._pdepth.extend(depths)
         self._panc.extend(ancs)
-        self._prow.extend(rows.unbind(0))
+        self._prow.extend((rows, i) for i in range(rows.shape[0]))
 
     def _score_mask(
         self, tokens: Sequence[int], parents: Sequence[int], depths: list[int], root: bool = True
@@ -388,7 +390,8 @@ class HFSession:
         if len(tokens) == 0:
             root = self._root if not self._ptok else None
         elif k == len(tokens):
-            root = self._prow[path[-1]]
+            rows, i = self._prow[path[-1]]
+            root = rows[i]
         else:
             root = None
         self._committed.extend(int(t) for t in tokens)

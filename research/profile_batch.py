@@ -32,7 +32,8 @@ single winner drawn in one pass from the largest logit's bound, :data:`ersd.race
 ``--compare-prune`` (the same, for the fifth pass: :data:`ersd.race_v2.PRUNE_TOKENS`,
 :data:`~ersd.race_v2.FEW_IN_PYTHON`, :data:`~ersd.race_v2.ROUGH_RANKS`,
 :data:`ersd.drafting.model.PREPARE_RACES`, :data:`ersd.verify_batch.DRAFTED_RANKS`).
-``--cpu-time`` times
+``--prompts K`` runs K disjoint batches of the B prompts in every repeat (the issue's "≥ 8
+prompts" at B = 1).  ``--cpu-time`` times
 everything, the forwards included, by this process's CPU time (a loaded host); ``--target
 synthetic:V`` runs a pair of cheap function models over a V-token vocabulary (the work outside
 the forwards alone, for development).  Run alone:
@@ -45,6 +46,7 @@ the forwards alone, for development).  Run alone:
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-cuts --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-kept --repeats 6
     python -m research.profile_batch --batch 1,8 --tree chain:4 --compare-prune --repeats 6
+    python -m research.profile_batch --batch 1 --compare-prune --prompts 8 --repeats 2
 """
 
 from __future__ import annotations
@@ -261,15 +263,19 @@ def compare_logits(target, draft, prompts, args) -> None:
 
     rows = []
     for b in [int(x) for x in args.batch.split(",")]:
-        ids = prompts[:b]
+        # --prompts K: K batches of b prompts each (disjoint), every one in every repeat
+        groups = [prompts[g * b : (g + 1) * b] for g in range(args.prompts)]
         for tree in args.tree.split(","):
-            run(target, draft, ids, 4, tree, None, scheme=args.scheme)  # warm-up
+            run(target, draft, groups[0], 4, tree, None, scheme=args.scheme)  # warm-up
             runs: dict[str, list[dict[str, Any]]] = {"new": [], "before": []}
-            for rep in range(args.repeats):
-                for fast in [True, False] if rep % 2 == 0 else [False, True]:
+            for rep, g in ((rep, g) for rep in range(args.repeats) for g in range(len(groups))):
+                for fast in [True, False] if (rep + g) % 2 == 0 else [False, True]:
                     _set_logit_paths(args, fast)
                     try:
-                        r = run(target, draft, ids, args.tokens, tree, None, scheme=args.scheme)
+                        r = run(
+                            target, draft, groups[g], args.tokens, tree, None, scheme=args.scheme
+                        )
+                        r["group"] = g
                     finally:
                         verify_batch.FROM_LOGITS = drafting_model.FROM_LOGITS = True
                         _set_cuts(True)
@@ -284,8 +290,10 @@ def compare_logits(target, draft, prompts, args) -> None:
                         f"{r['target']:.2f}s, draft {r['draft']:.2f}s",
                         flush=True,
                     )
-            same = all(r["texts"] == runs["new"][0]["texts"] for v in runs.values() for r in v)
+            first = {r["group"]: r["texts"] for r in reversed(runs["new"])}  # each group's first
+            same = all(r["texts"] == first[r["group"]] for v in runs.values() for r in v)
             row: dict[str, Any] = {"batch": b, "tree": tree, "scheme": args.scheme}
+            row["prompt_groups"] = len(groups)
             row["compares"] = (
                 "prune"
                 if args.compare_prune
@@ -398,6 +406,13 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="--compare-verify: save the runs to this file")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
+        "--prompts",
+        type=int,
+        default=1,
+        help="--compare-*: run K disjoint batches of B prompts each (every one in every repeat; "
+        "the intervals are over all the runs, so they hold the prompts' spread)",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -420,7 +435,7 @@ def main() -> None:
     biggest = max(int(x) for x in args.batch.split(","))
     if args.target.startswith("synthetic:"):
         target, draft = synthetic_pair(int(args.target.split(":")[1]))
-        ids = [[1 + 7 * i, 2 + i, 3] for i in range(biggest)]
+        ids = [[1 + 7 * i, 2 + i, 3] for i in range(biggest * max(args.prompts, 1))]
     else:
         target = ersd.load_model(args.target, dtype="float32")
         if args.draft_layers is not None:
@@ -429,8 +444,9 @@ def main() -> None:
             )
         else:
             draft = ersd.load_model(args.draft, dtype=args.draft_dtype)
-        prompts = load_prompts(["humaneval"], "eval", biggest)
-        ids = [encode_prompt(target.tokenizer, p, "raw", 768) for p in prompts][:biggest]
+        want = biggest * max(args.prompts, 1)
+        prompts = load_prompts(["humaneval"], "eval", want)
+        ids = [encode_prompt(target.tokenizer, p, "raw", 768) for p in prompts][:want]
     if args.compare_logits:
         compare_logits(target, draft, ids, args)
         return

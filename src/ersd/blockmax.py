@@ -7,7 +7,10 @@ makes its block's maximum NaN or ``+inf``, and a row of only ``-inf`` has only `
 the maxima decide finiteness; they are then *kept* beside the logits, and
 :func:`ersd.race_v2.logit_block_max` finds a row's maxima by :func:`lookup` instead of reading the
 row a second time (one pass over a 152k row is ~40-60 us on these cores, and a decode step reads
-dozens of rows).
+dozens of rows).  The maxima are widened to float64 and each row's first largest block found once,
+as they are computed (:func:`all_finite`: that block's maximum decides the row), and the races read
+both (:func:`lookup_top`): right after a forward every distinct NumPy call pays for its caches, so
+the work is done once, where it is needed first.
 
 What is kept is keyed by the logits' storage, held by a weak reference (nothing is kept alive
 here), and checked against the storage's version counter: a row written in place after its

@@ -701,15 +701,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
     top = _blocks_below_top(race, x, b, mx, t, bound) if TOP_FIRST else None
     few = _few_within(race, x, t, mx, *top) if top is not None else None
     if few:  # the candidates in Python floats: the same scores, order and checks as below
-        best, winner, d_best = few[0]
-        limit = best * (1.0 + LOGIT_GAP)
-        if len(few) > 1 and few[1][0] <= limit:
-            return None  # a near-tie among the drawn tokens: rounding could decide it
-        if math.exp(d_best) < _MIN_WINNER_WEIGHT:
-            return None  # the winner's reference probability might not be a normal float
-        if race.lower_min / _SUBNORMAL <= 2.0 * v * best:
-            return None
-        return winner
+        return _few_answer(race, v, few, math.exp(few[0][2]))
     n = 4
     while True:
         if top is not None:  # one draw: every other token scores beyond the limit (the helpers)
@@ -742,9 +734,7 @@ def v2_winner_from_logits(race: V2Race, logits: torch.Tensor, temperature: float
         return None  # a near-tie among the drawn tokens: rounding could decide it
     if math.exp(float(d[j])) < _MIN_WINNER_WEIGHT:
         return None  # the winner's reference probability might not be a normal float
-    # a token whose reference probability is subnormal scores above M_min / 2^-1022, and the
-    # winner's reference score is at most S best (1 + eta) with S <= v: it cannot win when
-    if race.lower_min / _SUBNORMAL <= 2.0 * v * best:
+    if not _no_subnormal_below(race, v, best):
         return None
     return int(ids[j])
 
@@ -818,6 +808,23 @@ def _no_subnormal_below(race: V2Race, v: int, score: float) -> bool:
     return race.lower_min / _SUBNORMAL > 2.0 * v * score
 
 
+def _few_answer(
+    race: V2Race, v: int, few: list[tuple[float, int, float]], weight: float
+) -> int | None:
+    """The single winner of :func:`_few_within`'s candidates (sorted, best first), or None where
+    rounding could decide: a near-tie with the next, a winner ``weight`` (its ``w``, computed as
+    the caller's array path computes it) below a normal reference probability, or a token with a
+    subnormal reference probability able to score below it."""
+    score, token, _ = few[0]
+    if len(few) > 1 and not few[1][0] > score * (1.0 + LOGIT_GAP):
+        return None  # a near-tie among the drawn tokens: rounding could decide it
+    if weight < _MIN_WINNER_WEIGHT:
+        return None  # the winner's reference probability might not be a normal float
+    if not _no_subnormal_below(race, v, score):
+        return None
+    return token
+
+
 def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | None:
     """:func:`v2_race_ranking`'s ``m`` best tokens (best first) of ``race`` over ``q =
     softmax(x / t)`` as :func:`ersd.probs.logits_to_probs` computes it, found from the logits; or
@@ -835,14 +842,8 @@ def v2_ranking_from_logits(race: V2Race, row: LogitRow, m: int) -> list[int] | N
     )
     few = _few_within(race, row.x, row.t, row.mx, *top) if top is not None else None
     if few:  # the candidates in Python floats: the same scores, order and checks as below
-        score, token, d_best = few[0]
-        if len(few) > 1 and not few[1][0] > score * (1.0 + LOGIT_GAP):
-            return None  # a near-tie decides the order or the set
-        if float(np.exp(d_best)) < _MIN_WINNER_WEIGHT:
-            return None  # a proposed token's reference probability might not be a normal float
-        if not _no_subnormal_below(race, v, score):
-            return None
-        return [token]
+        token = _few_answer(race, v, few, float(np.exp(few[0][2])))
+        return None if token is None else [token]
     n = 4
     while True:
         if top is not None:  # one draw: every other token scores beyond the limit (the helpers)
